@@ -1,0 +1,175 @@
+"""Proxy overhead: small requests direct to the fake upstream vs through ctxproxy, interleaved.
+
+    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32]
+
+Starts the fake upstream and ctxproxy as separate processes on loopback and drives both with
+wrk (Debian package `wrk`), alternating direct and proxied runs so machine noise hits both alike.
+Prints req/s, p50 and p99 per mode and the through-proxy / direct ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}
+LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer sk-bench"
+wrk.body = [[%s]]
+"""
+
+
+def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+
+
+def wait_http(url: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
+def _ms(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    assert m, text
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def wrk(url: str, script: Path, duration: int, connections: int) -> dict[str, float]:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script), url],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock_err = re.search(r"Socket errors: (.*)", out)
+    return {
+        "rps": rps, "p50": p50, "p99": p99,
+        "non2xx": float(errors.group(1)) if errors else 0.0,
+        "sock_errors": 1.0 if sock_err else 0.0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=5)
+    ap.add_argument("--connections", type=int, default=32, help="for throughput")
+    ap.add_argument("--latency-connections", type=int, default=1, help="for unsaturated latency")
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk not found: apt-get install wrk")
+
+    tmp = Path(tempfile.mkdtemp(prefix="ctxbench-"))
+    fake_port, proxy_port = free_port(), free_port()
+    bare_port = free_port()
+    fake = start([sys.executable, "-m", "proxy.testing.fake_upstream", "--port", str(fake_port)])
+    bare = start([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"),
+                  f"http://127.0.0.1:{fake_port}/v1/chat/completions", str(bare_port)])
+    cfg = tmp / "config.yaml"
+    cfg.write_text(
+        f"upstream: {{base_url: 'http://127.0.0.1:{fake_port}/v1'}}\n"
+        f"storage: {{data_dir: '{tmp / 'data'}'}}\n"
+    )
+    env = {**os.environ}
+    proxy = start(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(cfg), "--port", str(proxy_port),
+         "--log-level", "warning"],
+        env,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{fake_port}/v1/models")
+        wait_http(f"http://127.0.0.1:{proxy_port}/healthz")
+        wait_http(f"http://127.0.0.1:{bare_port}/")
+        scripts = {}
+        for name, body in (("small", BODY), ("stream", {**BODY, "stream": True,
+                                                         "stream_options": {"include_usage": True}})):
+            path = tmp / f"{name}.lua"
+            path.write_text(LUA % orjson.dumps(body).decode())
+            scripts[name] = path
+        targets = {
+            "direct": f"http://127.0.0.1:{fake_port}/v1/chat/completions",
+            "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
+            "proxy": f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+        }
+        tput: dict[tuple[str, str], list[dict[str, float]]] = {}
+        lat: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for script in scripts.values():  # warm-up
+            for target in targets.values():
+                wrk(target, script, 1, args.connections)
+        for _ in range(args.rounds):
+            for kind, script in scripts.items():
+                for mode, target in targets.items():
+                    tput.setdefault((kind, mode), []).append(
+                        wrk(target, script, args.duration, args.connections)
+                    )
+                    lat.setdefault((kind, mode), []).append(
+                        wrk(target, script, args.duration, args.latency_connections)
+                    )
+        print(f"# {args.rounds} rounds x {args.duration}s each, interleaved; wrk 1 thread; "
+              f"{os.cpu_count()} cores shared by wrk, proxy and upstream")
+        print(f"# throughput at {args.connections} connections; latency at "
+              f"{args.latency_connections} connection(s); medians over rounds")
+        print(f"{'request':8} {'mode':7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+        for kind in scripts:
+            row: dict[str, dict[str, float]] = {}
+            for mode in targets:
+                t, lt = tput[(kind, mode)], lat[(kind, mode)]
+                row[mode] = {
+                    "rps": statistics.median(r["rps"] for r in t),
+                    "p50": statistics.median(r["p50"] for r in lt),
+                    "p99": statistics.median(r["p99"] for r in lt),
+                }
+                errs = sum(r["non2xx"] + r["sock_errors"] for r in t + lt)
+                print(f"{kind:8} {mode:7} {row[mode]['rps']:9.0f} {row[mode]['p50']:8.2f} "
+                      f"{row[mode]['p99']:8.2f} {errs:6.0f}")
+            d = row["direct"]
+            for mode in ("bare", "proxy"):
+                print(f"{kind:8} {mode:7} ratio {row[mode]['rps'] / d['rps']:.2f}x direct, "
+                      f"p50 +{row[mode]['p50'] - d['p50']:.2f} ms, p99 +{row[mode]['p99'] - d['p99']:.2f} ms")
+            print(f"{kind:8} proxy   vs bare aiohttp pass-through: "
+                  f"{row['proxy']['rps'] / row['bare']['rps']:.2f}x throughput")
+    finally:
+        for p in (proxy, bare, fake):
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

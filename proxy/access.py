@@ -1,0 +1,49 @@
+"""One access line per request: method, path, status, upstream ms, bytes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .relay import Message, Receive, Scope, Send
+
+log = logging.getLogger("proxy.access")
+
+
+class AccessLog:
+    """Pure ASGI middleware: cheaper than BaseHTTPMiddleware and it never buffers a stream."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not log.isEnabledFor(logging.INFO):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 0
+        sent = 0
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            timing = scope.get("state", {}).get("ctxproxy_timing")
+            upstream_ms = timing.upstream_ms if timing is not None else None
+            log.info(
+                '%s %s %d upstream_ms=%s bytes=%d total_ms=%.1f',
+                scope["method"],
+                scope["path"],
+                status or 499,
+                "-" if upstream_ms is None else f"{upstream_ms:.1f}",
+                sent,
+                (time.perf_counter() - started) * 1000,
+            )

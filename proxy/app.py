@@ -1,0 +1,144 @@
+"""create_app(config): routes, lifespan-owned resources, one error handler."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .access import AccessLog
+from .config import Config
+from .errors import ProxyError, envelope
+from .pipeline import Stage
+from .relay import Receive, Scope, Send, send_error
+from .routes import ChatCompletions, Health, Models, PassThrough
+from .runtime import Runtime
+from .upstream.http import Upstream
+from .upstream.litellm_route import LitellmRouter
+
+log = logging.getLogger("proxy")
+
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def _json(status: int, payload: object) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+async def _proxy_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ProxyError)
+    if exc.status >= 500:
+        log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+    return _json(exc.status, exc.envelope())
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "invalid_request_error"
+    code = "not_found" if exc.status_code == 404 else "method_not_allowed"
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return _json(exc.status_code, envelope(message, kind, None, code))
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return _json(500, envelope("internal proxy error", "server_error", None, "internal_error"))
+
+
+def default_stages(config: Config) -> list[Stage]:
+    """The pipeline, in order. Later stages (offload, age, count, compact) plug in here."""
+    return []
+
+
+Endpoint = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Proxy:
+    """The ASGI app: hot routes dispatched directly, everything else through Starlette.
+
+    The chat route is hit by every agent turn; a dict lookup instead of Starlette's middleware
+    stack and regex router is a measurable share of the per-request overhead.
+    """
+
+    def __init__(self, starlette: Starlette, fast: dict[tuple[str, str], Endpoint]) -> None:
+        self.starlette = starlette
+        self._fast = fast
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self._fast.get((scope.get("method", ""), scope.get("path", "")))
+        if endpoint is None or scope["type"] != "http":
+            await self.starlette(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await endpoint(scope, receive, tracking_send)
+        except ProxyError as exc:
+            if started:
+                raise
+            if exc.status >= 500:
+                log.warning("%s %s -> %d: %s", scope["method"], scope["path"], exc.status, exc.message)
+            await send_error(send, exc)
+        except Exception:
+            if started:
+                raise
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            await send_error(send, ProxyError("internal proxy error"))
+
+
+def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> AccessLog:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
+        upstream = Upstream(config.upstream)
+        await upstream.start()
+        router = LitellmRouter(
+            [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
+        )
+        runtime = Runtime(
+            config=config,
+            upstream=upstream,
+            router=router,
+            stages=list(stages) if stages is not None else default_stages(config),
+            max_body=int(config.server.max_body_mb * 1024 * 1024),
+        )
+        try:
+            yield {"runtime": runtime}
+        finally:
+            await upstream.close()
+
+    chat = ChatCompletions()
+    passthrough = PassThrough()
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", Models(), methods=["GET"]),
+        Route("/healthz", Health(), methods=["GET"]),
+        Route("/v1/{rest:path}", passthrough, methods=_METHODS),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            ProxyError: _proxy_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+    )
+    fast: dict[tuple[str, str], Endpoint] = {
+        ("POST", "/v1/chat/completions"): chat,
+        ("POST", "/chat/completions"): chat,
+    }
+    return AccessLog(Proxy(app, fast))

@@ -1,0 +1,94 @@
+"""Command line: `ctxproxy serve`, the entry point of the console script and `python -m proxy`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from .config import Config, load_config
+from .errors import ConfigError
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ctxproxy", description="OpenAI-compatible context-management proxy."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", help="YAML configuration file (every field optional)")
+    serve.add_argument("--host", help="interface to listen on (overrides server.host)")
+    serve.add_argument("--port", type=int, help="port to listen on (overrides server.port)")
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    return parser
+
+
+def _with_overrides(config: Config, host: str | None, port: int | None) -> Config:
+    server = config.server.model_copy(
+        update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    )
+    return config.model_copy(update={"server": server})
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger("proxy")
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def serve(config: Config, log_level: str) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    _setup_logging(log_level)
+    logging.getLogger("proxy").info(
+        "ctxproxy listening on http://%s:%d -> %s",
+        config.server.host,
+        config.server.port,
+        config.upstream.base_url,
+    )
+    uvicorn.run(
+        create_app(config),
+        host=config.server.host,
+        port=config.server.port,
+        log_level="warning",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        lifespan="on",
+        timeout_graceful_shutdown=30,
+    )
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+        if args.command == "serve":
+            if args.port is not None and not 0 <= args.port <= 65535:
+                raise ConfigError("server.port: must be between 0 and 65535")
+            return serve(_with_overrides(config, args.host, args.port), args.log_level)
+    except ConfigError as exc:
+        print(f"ctxproxy: config error: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except Exception as exc:  # the CLI's last line of defence: one line, exit 1
+        print(f"ctxproxy: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

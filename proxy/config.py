@@ -1,0 +1,192 @@
+"""The one configuration object: frozen, validated, loaded once at start-up."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+ENV_PREFIX = "os.environ/"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Section):
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(4000, ge=0, le=65535, description="TCP port to listen on.")
+    max_body_mb: float = Field(
+        64, gt=0, description="Largest request body accepted, in MiB; larger bodies get 413."
+    )
+
+
+class UpstreamConfig(_Section):
+    base_url: str = Field(
+        "https://api.openai.com/v1",
+        description="OpenAI-compatible base URL requests are forwarded to (including /v1).",
+    )
+    api_key: str | None = Field(
+        None,
+        description="Key sent upstream; null forwards the client's own Authorization header.",
+    )
+    timeout_s: float = Field(
+        600,
+        gt=0,
+        description="Longest wait for the upstream's next byte (connect, first byte, or between "
+        "stream chunks) before the request fails with 504.",
+    )
+    connect_timeout_s: float = Field(
+        10, gt=0, description="Longest wait to open a connection to the upstream."
+    )
+    max_connections: int = Field(
+        512, ge=1, description="Concurrent connections the pooled upstream client may open."
+    )
+
+
+class ModelRoute(_Section):
+    model_name: str = Field(description="Model name clients send that selects this route.")
+    litellm_params: dict[str, Any] = Field(
+        description="Parameters for litellm (model: 'anthropic/...', api_key, api_base, ...)."
+    )
+
+
+class StorageConfig(_Section):
+    data_dir: Path = Field(
+        Path("./ctxproxy-data"), description="Directory holding offloaded files and archives."
+    )
+    tool_result_ttl_days: float = Field(
+        5, gt=0, description="Offloaded tool results older than this many days are deleted."
+    )
+
+
+class OffloadConfig(_Section):
+    recent_max_bytes: int = Field(
+        51200, ge=256, description="Stage 1: tool results above this size (UTF-8 bytes) are cut."
+    )
+    old_max_bytes: int = Field(
+        3000, ge=256, description="Stage 2: aged tool results are re-cut to this size."
+    )
+    markdown_max_bytes: int = Field(
+        51200,
+        ge=256,
+        description="Floor for results of reading .md/.mdx/.markdown files, in both stages.",
+    )
+    slack_bytes: int = Field(
+        100, ge=0, description="Tolerance above recent_max_bytes before stage 1 cuts."
+    )
+    recent_n: int = Field(
+        2, ge=0, description="Tool-call turns counted as recent (not aged by stage 2)."
+    )
+    age_policy: Literal["batched", "eager"] = Field(
+        "batched",
+        description="batched: re-cut aged results together once enough bytes can be saved; "
+        "eager: re-cut as soon as a result ages.",
+    )
+
+
+class CompactionConfig(_Section):
+    enabled: bool = Field(True, description="Compact old turns into a summary near the limit.")
+    threshold_ratio: float = Field(
+        0.75, gt=0, le=1, description="Compact when the request passes this share of the window."
+    )
+    keep_recent_ratio: float = Field(
+        0.2, gt=0, lt=1, description="Share of the window kept verbatim as the newest messages."
+    )
+    model: str | None = Field(
+        None, description="Model used to summarize; null uses the request's own model and route."
+    )
+    precompact_ratio: float = Field(
+        0.6, gt=0, le=1, description="From this share of the window, compute the summary early."
+    )
+    context_windows: dict[str, int] = Field(
+        default_factory=dict, description="Context window per model name, overriding the map."
+    )
+
+
+class RetrievalConfig(_Section):
+    mode: Literal["proxy", "client", "none"] = Field(
+        "proxy",
+        description="proxy: the proxy runs the read tool; client: notices name the client's "
+        "own read tool; none: notices give the /files URL.",
+    )
+    tool_name: str = Field("read_offloaded", description="Name of the proxy's read tool.")
+    max_rounds: int = Field(5, ge=0, description="Most read-tool rounds per client request.")
+
+
+class AuthConfig(_Section):
+    master_key: str | None = Field(
+        None, description="When set, /files needs it and it can see every tenant."
+    )
+
+
+class Config(_Section):
+    server: ServerConfig = Field(default_factory=ServerConfig, description="Listening socket.")
+    upstream: UpstreamConfig = Field(
+        default_factory=UpstreamConfig, description="The OpenAI-compatible provider."
+    )
+    model_list: tuple[ModelRoute, ...] = Field(
+        (), description="Routes to non-OpenAI providers through litellm."
+    )
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="Data on disk.")
+    offload: OffloadConfig = Field(
+        default_factory=OffloadConfig, description="Two-stage truncation of tool results."
+    )
+    compaction: CompactionConfig = Field(
+        default_factory=CompactionConfig, description="Summaries of old turns."
+    )
+    retrieval: RetrievalConfig = Field(
+        default_factory=RetrievalConfig, description="How the model reads offloaded content."
+    )
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="Access to /files.")
+
+
+def resolve_env(value: Any, where: str = "") -> Any:
+    """Replace every `os.environ/NAME` string with that variable's value."""
+    if isinstance(value, dict):
+        return {k: resolve_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env(v, f"{where}.{i}") for i, v in enumerate(value)]
+    if isinstance(value, str) and value.startswith(ENV_PREFIX):
+        name = value[len(ENV_PREFIX) :]
+        if name not in os.environ:
+            raise ConfigError(f"{where}: environment variable {name} is not set")
+        return os.environ[name]
+    return value
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+    return f"{loc}: {err['msg']}"
+
+
+def config_from_mapping(data: Any) -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("(root): the configuration must be a mapping")
+    try:
+        return Config.model_validate(resolve_env(data))
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from None
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load and validate a YAML file; no path gives the defaults."""
+    if path is None:
+        return Config()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    return config_from_mapping(data)

@@ -1,0 +1,104 @@
+"""One exception tree; every error the proxy originates becomes OpenAI's error envelope."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class ProxyError(Exception):
+    """Base of every error the proxy raises on purpose."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+
+    def envelope(self) -> dict[str, Any]:
+        return envelope(self.message, self.type, self.param, self.code)
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.envelope())
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class ClientDisconnected(ProxyError):
+    """The client went away; nobody is left to read an answer (nginx's 499)."""
+
+    status = 499
+    type = "client_closed_request"
+    code = "client_disconnected"
+
+
+class UpstreamError(ProxyError):
+    """The upstream could not be reached or answered something unusable."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class UpstreamStatusError(ProxyError):
+    """An upstream (or provider reached through litellm) answered with an error status.
+
+    Raw upstreams pass their body through untouched; this class carries a translated one.
+    """
+
+    type = "upstream_error"
+    code = "upstream_error"
+
+
+class ConfigError(ProxyError):
+    """Bad configuration; the CLI turns it into one line and exit status 2."""
+
+    code = "config_error"
+
+
+def envelope(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,178 @@
+"""ASGI plumbing for forwarding: bounded body reads, disconnect watching, byte relays."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from .errors import (
+    ClientDisconnected,
+    PayloadTooLarge,
+    ProxyError,
+    UpstreamError,
+    UpstreamTimeout,
+    envelope,
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+log = logging.getLogger("proxy.upstream")
+
+JSON_CT = (b"content-type", b"application/json")
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """Read the whole request body, refusing early once it passes `limit` bytes."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = 0
+            if declared > limit:
+                raise PayloadTooLarge(f"request body of {declared} bytes exceeds {limit} bytes")
+            break
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected("client disconnected while sending the body")
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
+    """Run `work`; cancel it if the client goes away first. True when it was cancelled.
+
+    The request body has been read already, so the next `receive()` only ever yields the
+    disconnect; watching it is what lets a non-streaming call be cancelled too. The work runs
+    in the caller's task (one extra task per request, not two: this is the hot path).
+    """
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _wait_disconnect(receive)
+        gone = True
+        current.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        current.uncancel()
+        return True
+    finally:
+        watcher.cancel()
+    return False
+
+
+def sse_error_event(message: str, code: str) -> bytes:
+    return b"data: " + orjson.dumps(envelope(message, "upstream_error", None, code)) + b"\n\n"
+
+
+class Timing:
+    """Per-request figures the access log reads from `scope['state']`."""
+
+    __slots__ = ("started", "upstream_ms")
+
+    def __init__(self) -> None:
+        self.upstream_ms: float | None = None
+        self.started = time.perf_counter()
+
+    def mark(self) -> None:
+        self.upstream_ms = (time.perf_counter() - self.started) * 1000
+
+
+def timing_of(scope: Scope) -> Timing:
+    state = scope.setdefault("state", {})
+    timing = state.get("ctxproxy_timing")
+    if timing is None:
+        timing = state["ctxproxy_timing"] = Timing()
+    return timing  # type: ignore[no-any-return]
+
+
+Tap = Callable[[bytes], None]
+
+
+async def relay_buffered(
+    send: Send, resp: aiohttp.ClientResponse, headers: Headers, tap: Tap | None = None
+) -> None:
+    """Read the whole upstream body, then answer: a broken body still gets a clean 502."""
+    try:
+        body = await resp.read()
+    except TimeoutError:
+        raise UpstreamTimeout("upstream stopped sending its answer") from None
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(f"upstream answer broke off: {type(exc).__name__}") from None
+    if tap is not None:
+        tap(body)
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def relay_stream(
+    send: Send,
+    resp: aiohttp.ClientResponse,
+    headers: Headers,
+    *,
+    sse: bool,
+    tap: Tap | None = None,
+) -> None:
+    """Pass the upstream body through chunk by chunk, exactly as it arrives."""
+    await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+    try:
+        async for chunk in resp.content.iter_any():
+            if tap is not None:
+                tap(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        timeout = isinstance(exc, asyncio.TimeoutError)
+        log.warning("upstream stream broke off: %s", type(exc).__name__)
+        if not sse:
+            raise  # the client must see a torn body, not a falsely complete one
+        msg = "upstream stream stalled" if timeout else "upstream stream broke off"
+        code = "upstream_timeout" if timeout else "upstream_stream_broken"
+        await send(
+            {"type": "http.response.body", "body": sse_error_event(msg, code), "more_body": True}
+        )
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def send_error(send: Send, exc: ProxyError, extra: Headers | None = None) -> None:
+    body = exc.body()
+    headers: Headers = [JSON_CT, (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers.extend(extra)
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,216 @@
+"""Route handlers: they orchestrate parse -> session -> pipeline -> forward, nothing more."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from .errors import BadRequest, ProxyError
+from .pipeline import PipelineResult, RequestView, run_pipeline
+from .relay import (
+    JSON_CT,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    relay_buffered,
+    relay_stream,
+    run_until_disconnect,
+    send_error,
+    timing_of,
+)
+from .runtime import Runtime
+from .session import Identity, resolve
+from .upstream.http import response_headers
+
+log = logging.getLogger("proxy.access")
+
+_BUFFER_LIMIT = 16 * 1024 * 1024
+_SSE = "text/event-stream"
+
+
+def runtime_of(scope: Scope) -> Runtime:
+    rt = scope.get("state", {}).get("runtime")
+    if rt is None:
+        raise ProxyError("proxy is not started (lifespan did not run)")
+    return rt  # type: ignore[no-any-return]
+
+
+def header_map(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def parse_chat(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required and must be a non-empty string", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise BadRequest("'messages' is required and must be an array", param="messages")
+    return body
+
+
+def ctx_headers(identity: Identity, result: PipelineResult, raw: bytes, out: bytes) -> Headers:
+    stats = result.stats
+    tokens_in = stats.get("tokens_in", len(raw) // 4)
+    tokens_out = stats.get("tokens_out", len(out) // 4)
+    return [
+        (b"x-ctxproxy-session", identity.session.encode()),
+        (b"x-ctxproxy-tokens-in", str(tokens_in).encode()),
+        (b"x-ctxproxy-tokens-out", str(tokens_out).encode()),
+        (b"x-ctxproxy-offloaded", str(stats.get("offloaded", 0)).encode()),
+        (b"x-ctxproxy-compacted", b"1" if stats.get("compacted", 0) else b"0"),
+    ]
+
+
+class ChatCompletions:
+    """POST /v1/chat/completions and /chat/completions."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rt = runtime_of(scope)
+        raw = await read_body(scope, receive, rt.max_body)
+        body = parse_chat(raw)
+        headers = header_map(scope)
+        identity = resolve(headers, body)
+        model: str = body["model"]
+        view = RequestView(model=model, body=body, identity=identity)
+        result = await run_pipeline(rt.stages, body["messages"], view)
+        if result.changed:
+            body = {**body, "messages": result.messages}
+            out = orjson.dumps(body)
+        else:
+            out = raw  # nothing changed: the upstream gets the client's bytes exactly
+        extra = ctx_headers(identity, result, raw, out)
+        params = rt.router.match(model)
+        if params is not None:
+            work = self._via_litellm(rt, params, body, extra, scope, send)
+        else:
+            work = self._via_upstream(rt, scope, send, out, extra)
+        if await run_until_disconnect(receive, work):
+            log.info("client disconnected; upstream call cancelled (session %s)", identity.session)
+
+    async def _via_upstream(
+        self, rt: Runtime, scope: Scope, send: Send, out: bytes, extra: Headers
+    ) -> None:
+        up = rt.upstream
+        timing = timing_of(scope)
+        resp = await up.send(
+            "POST", up.url("chat/completions", scope.get("query_string", b"")),
+            up.request_headers(scope["headers"]), out,
+        )
+        timing.mark()
+        async with resp:
+            headers = response_headers(resp) + extra
+            if resp.content_type == _SSE:
+                await relay_stream(send, resp, headers, sse=True)
+            else:
+                await relay_buffered(send, resp, headers)
+
+    async def _via_litellm(
+        self,
+        rt: Runtime,
+        params: Mapping[str, Any],
+        body: dict[str, Any],
+        extra: Headers,
+        scope: Scope,
+        send: Send,
+    ) -> None:
+        timing = timing_of(scope)
+        answer = await rt.router.complete(params, body)
+        timing.mark()
+        if answer.chunks is not None:
+            headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+            await send(
+                {"type": "http.response.start", "status": answer.status, "headers": headers + extra}
+            )
+            async for chunk in answer.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        payload = answer.body or b""
+        headers = [JSON_CT, (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers + extra})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+class PassThrough:
+    """Every other /v1/* route: forwarded raw, answered raw."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rt = runtime_of(scope)
+        raw = await read_body(scope, receive, rt.max_body)
+        path: str = scope["path"]
+        subpath = path[len("/v1/") :] if path.startswith("/v1/") else path.lstrip("/")
+        if await run_until_disconnect(receive, self._forward(rt, scope, send, subpath, raw)):
+            log.info("client disconnected; upstream call cancelled (%s)", path)
+
+    async def _forward(
+        self, rt: Runtime, scope: Scope, send: Send, subpath: str, raw: bytes
+    ) -> None:
+        up = rt.upstream
+        timing = timing_of(scope)
+        resp = await up.send(
+            scope["method"], up.url(subpath, scope.get("query_string", b"")),
+            up.request_headers(scope["headers"]), raw,
+        )
+        timing.mark()
+        async with resp:
+            headers = response_headers(resp)
+            if resp.content_type == _SSE:
+                await relay_stream(send, resp, headers, sse=True)
+            elif resp.content_length is not None and resp.content_length <= _BUFFER_LIMIT:
+                await relay_buffered(send, resp, headers)
+            else:
+                await relay_stream(send, resp, headers, sse=False)
+
+
+class Models:
+    """GET /v1/models: the configured routes, else the upstream's own list."""
+
+    def __init__(self) -> None:
+        self._passthrough = PassThrough()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rt = runtime_of(scope)
+        if not rt.config.model_list:
+            await self._passthrough(scope, receive, send)
+            return
+        data = [
+            {"id": r.model_name, "object": "model", "created": 0, "owned_by": "ctxproxy"}
+            for r in rt.config.model_list
+        ]
+        payload = orjson.dumps({"object": "list", "data": data})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [JSON_CT, (b"content-length", str(len(payload)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+class Health:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        payload = b'{"status":"ok"}'
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [JSON_CT, (b"content-length", str(len(payload)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+__all__ = ["ChatCompletions", "Health", "Models", "PassThrough", "send_error"]

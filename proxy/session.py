@@ -1,0 +1,90 @@
+"""Tenant and session resolution (SPEC section 3)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+ANON = "anon"
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SESSION_HEADERS = ("x-ctxproxy-session", "x-session-id", "x-claude-code-session-id")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    tenant: str
+    session: str
+    api_key: str | None  # never persisted or logged; kept to forward and compare
+
+
+def client_key(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else auth.strip()
+        if token:
+            return token
+    return headers.get("x-api-key") or headers.get("api-key") or None
+
+
+def tenant_of(key: str | None) -> str:
+    """A short, stable, one-way name for an API key; the key itself is never stored."""
+    if not key:
+        return ANON
+    return "t-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def safe_name(raw: str) -> str:
+    """Client-chosen ids become directory names: keep safe ones, hash anything else."""
+    if _SAFE.fullmatch(raw) and ".." not in raw:
+        return raw
+    return "h-" + hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") in roles:
+            return m.get("content")
+    return None
+
+
+def _body_session(body: Mapping[str, Any]) -> str | None:
+    meta = body.get("metadata")
+    if isinstance(meta, dict):
+        sid = meta.get("session_id")
+        if isinstance(sid, str) and sid:
+            return sid
+    for field in ("prompt_cache_key", "user"):
+        value = body.get(field)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def derived_session(tenant: str, messages: list[Any]) -> str:
+    """Same for every turn of one conversation: only its first system and user message count."""
+    seed = orjson.dumps(
+        [tenant, _first(messages, ("system", "developer")), _first(messages, ("user",))],
+        option=orjson.OPT_SORT_KEYS,
+        default=str,
+    )
+    return "s-" + hashlib.sha256(seed).hexdigest()[:20]
+
+
+def resolve(headers: Mapping[str, str], body: Mapping[str, Any]) -> Identity:
+    key = client_key(headers)
+    tenant = tenant_of(key)
+    for name in SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return Identity(tenant, safe_name(value), key)
+    sid = _body_session(body)
+    if sid is not None:
+        return Identity(tenant, safe_name(sid), key)
+    messages = body.get("messages")
+    return Identity(tenant, derived_session(tenant, messages if isinstance(messages, list) else []), key)

@@ -1,0 +1,121 @@
+"""The pooled raw-bytes client for OpenAI-compatible upstreams."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import aiohttp
+
+from ..config import UpstreamConfig
+from ..errors import UpstreamError, UpstreamTimeout
+
+log = logging.getLogger("proxy.upstream")
+
+# RFC 9110 hop-by-hop headers plus those the transport recomputes.
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+        "expect",
+    }
+)
+_RESPONSE_DROP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "transfer-encoding",
+        "trailer",
+        "upgrade",
+        "content-length",
+        "content-encoding",  # aiohttp decompresses; the client gets identity bytes
+    }
+)
+_KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
+
+
+class Upstream:
+    """One aiohttp session for the process, opened and closed by the app's lifespan."""
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        self.base_url = config.base_url.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+        self._auth = f"Bearer {config.api_key}" if config.api_key else None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self.config.max_connections, ttl_dns_cache=300, keepalive_timeout=30
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=self.config.connect_timeout_s,
+            sock_read=self.config.timeout_s,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=True,
+            # A proxy must not keep cookies: one tenant's would be sent with another's requests.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def url(self, subpath: str, query: bytes = b"") -> str:
+        url = f"{self.base_url}/{subpath.lstrip('/')}"
+        return f"{url}?{query.decode('latin-1')}" if query else url
+
+    def request_headers(self, client: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for raw_name, raw_value in client:
+            name = raw_name.decode("latin-1").lower()
+            if name in _HOP or name.startswith("x-ctxproxy-"):
+                continue
+            if self._auth is not None and name in _KEY_HEADERS:
+                continue
+            out.append((name, raw_value.decode("latin-1")))
+        if self._auth is not None:
+            out.append(("authorization", self._auth))
+        return out
+
+    async def send(
+        self, method: str, url: str, headers: list[tuple[str, str]], body: bytes
+    ) -> aiohttp.ClientResponse:
+        """Open the request and return the response with its body unread."""
+        if self._session is None:
+            raise UpstreamError("upstream client is not running")
+        try:
+            return await self._session.request(
+                method, url, headers=headers, data=body or None, allow_redirects=False
+            )
+        except TimeoutError:
+            raise UpstreamTimeout(f"upstream did not answer within {self.config.timeout_s:g} s") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamError(f"upstream unreachable: {exc.os_error or exc}") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"upstream request failed: {type(exc).__name__}: {exc}") from None
+
+
+def response_headers(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+    out: list[tuple[bytes, bytes]] = []
+    for name, value in resp.raw_headers:
+        if name.decode("latin-1").lower() not in _RESPONSE_DROP:
+            out.append((name.lower(), value))
+    return out

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import create_app
+from proxy.config import Config, config_from_mapping
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.servers import ServerThread, serve_in_thread
+
+
+@pytest.fixture(scope="session")
+def _fake_server() -> Iterator[tuple[FakeUpstream, ServerThread]]:
+    fake = FakeUpstream()
+    with serve_in_thread(fake) as srv:
+        yield fake, srv
+
+
+@pytest.fixture
+def fake(_fake_server: tuple[FakeUpstream, ServerThread]) -> Iterator[FakeUpstream]:
+    fake, _ = _fake_server
+    fake.reset()
+    yield fake
+    fake.reset()
+
+
+@pytest.fixture
+def fake_url(_fake_server: tuple[FakeUpstream, ServerThread]) -> str:
+    return _fake_server[1].url + "/v1"
+
+
+def closed_port() -> int:
+    """A loopback port with nothing listening on it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+ProxyFactory = Callable[..., ServerThread]
+
+
+@pytest.fixture
+def make_proxy(
+    fake: FakeUpstream, fake_url: str, tmp_path: Path
+) -> Iterator[ProxyFactory]:
+    """Start a real proxy on loopback in front of the fake; config overrides as a mapping."""
+    started: list[ServerThread] = []
+
+    def factory(overrides: dict[str, Any] | None = None, **kwargs: Any) -> ServerThread:
+        data: dict[str, Any] = {
+            "upstream": {"base_url": fake_url},
+            "storage": {"data_dir": str(tmp_path / "data")},
+        }
+        for key, value in (overrides or {}).items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        config: Config = config_from_mapping(data)
+        srv = serve_in_thread(create_app(config, **kwargs), lifespan="on")
+        srv.start()
+        started.append(srv)
+        return srv
+
+    yield factory
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture
+def proxy(make_proxy: ProxyFactory) -> ServerThread:
+    return make_proxy()

@@ -1,0 +1,211 @@
+"""Raw forwarding: byte identity both ways, headers, sessions, pass-through routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from proxy.pipeline import RequestView, StageOutcome
+from proxy.session import tenant_of
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.servers import ServerThread
+
+from .conftest import ProxyFactory
+
+# Odd spacing, key order, unicode escapes and unknown fields: re-serialising would change them.
+RAW_BODY = (
+    b'{ "model":"gpt-4o",  "messages":[{"role":"user","content":"h\\u00e9llo \xf0\x9f\x98\x80"}],'
+    b'"x_unknown": {"nested": [1, 2.50, null]}, "temperature":0.2 }'
+)
+
+
+def post(url: str, body: bytes, **headers: str) -> httpx.Response:
+    headers.setdefault("content-type", "application/json")
+    return httpx.post(url, content=body, headers=headers, timeout=10)
+
+
+def test_unchanged_request_reaches_upstream_byte_for_byte(
+    proxy: ServerThread, fake: FakeUpstream
+) -> None:
+    r = post(proxy.url + "/v1/chat/completions", RAW_BODY, authorization="Bearer sk-abc")
+    assert r.status_code == 200
+    assert fake.received[-1].body == RAW_BODY
+    assert fake.received[-1].path == "/v1/chat/completions"
+
+
+def test_response_body_passes_byte_for_byte(proxy: ServerThread, fake: FakeUpstream) -> None:
+    weird = b'{"id":"x",  "object":"chat.completion","choices":[],"zzz_extra":"\\u2603"}'
+    fake.script(Reply(body=weird, headers={"x-request-id": "req-1", "openai-processing-ms": "7"}))
+    r = post(proxy.url + "/v1/chat/completions", RAW_BODY)
+    assert r.content == weird
+    assert r.headers["x-request-id"] == "req-1"
+    assert r.headers["openai-processing-ms"] == "7"
+
+
+def test_sse_passes_byte_for_byte(proxy: ServerThread, fake: FakeUpstream) -> None:
+    sse = (
+        b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+        b'"delta":{"content":"he"}}]}\n\n: keep-alive comment\n\n'
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"llo"}}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    fake.script(Reply(body=sse, headers={"content-type": "text/event-stream"}))
+    body = orjson.loads(RAW_BODY)
+    body["stream"] = True
+    with httpx.stream(
+        "POST", proxy.url + "/v1/chat/completions", content=orjson.dumps(body), timeout=10
+    ) as r:
+        got = b"".join(r.iter_raw())
+    assert got == sse
+
+
+def test_ctxproxy_headers(proxy: ServerThread) -> None:
+    r = post(proxy.url + "/v1/chat/completions", RAW_BODY, **{"x-session-id": "my-sess"})
+    assert r.headers["x-ctxproxy-session"] == "my-sess"
+    assert int(r.headers["x-ctxproxy-tokens-in"]) > 0
+    assert int(r.headers["x-ctxproxy-tokens-out"]) > 0
+    assert r.headers["x-ctxproxy-offloaded"] == "0"
+    assert r.headers["x-ctxproxy-compacted"] == "0"
+
+
+def test_derived_session_is_stable_over_turns(proxy: ServerThread) -> None:
+    turn1 = {"model": "m", "messages": [{"role": "user", "content": "start"}]}
+    turn2 = {
+        "model": "m",
+        "messages": turn1["messages"] + [  # type: ignore[operator]
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "next"},
+        ],
+    }
+    s1 = post(proxy.url + "/v1/chat/completions", orjson.dumps(turn1)).headers["x-ctxproxy-session"]
+    s2 = post(proxy.url + "/v1/chat/completions", orjson.dumps(turn2)).headers["x-ctxproxy-session"]
+    assert s1 == s2 and s1.startswith("s-")
+
+
+def test_client_key_forwarded_when_no_upstream_key(proxy: ServerThread, fake: FakeUpstream) -> None:
+    post(proxy.url + "/v1/chat/completions", RAW_BODY, authorization="Bearer sk-client")
+    assert fake.received[-1].headers["authorization"] == "Bearer sk-client"
+
+
+def test_upstream_key_replaces_client_key(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    srv = make_proxy({"upstream": {"api_key": "sk-server"}})
+    post(srv.url + "/v1/chat/completions", RAW_BODY, authorization="Bearer sk-client")
+    assert fake.received[-1].headers["authorization"] == "Bearer sk-server"
+    assert "sk-client" not in str(fake.received[-1].raw_headers)
+
+
+def test_headers_that_matter_pass_and_hop_by_hop_do_not(
+    proxy: ServerThread, fake: FakeUpstream
+) -> None:
+    post(
+        proxy.url + "/v1/chat/completions",
+        RAW_BODY,
+        **{
+            "openai-organization": "org-1",
+            "openai-project": "proj-1",
+            "x-stainless-lang": "python",
+            "user-agent": "MyAgent/1.0",
+            "keep-alive": "timeout=5",
+            "proxy-authorization": "Basic xyz",
+            "te": "trailers",
+            "x-ctxproxy-session": "internal",
+        },
+    )
+    h = fake.received[-1].headers
+    assert h["openai-organization"] == "org-1"
+    assert h["openai-project"] == "proj-1"
+    assert h["x-stainless-lang"] == "python"
+    assert h["user-agent"] == "MyAgent/1.0"
+    assert h["content-type"] == "application/json"
+    for dropped in ("keep-alive", "proxy-authorization", "te", "x-ctxproxy-session"):
+        assert dropped not in h
+
+
+def test_both_chat_paths(proxy: ServerThread, fake: FakeUpstream) -> None:
+    assert post(proxy.url + "/chat/completions", RAW_BODY).status_code == 200
+    assert fake.received[-1].path == "/v1/chat/completions"
+    assert fake.received[-1].body == RAW_BODY
+
+
+def test_query_string_and_other_v1_routes_pass_through(
+    proxy: ServerThread, fake: FakeUpstream
+) -> None:
+    r = httpx.post(
+        proxy.url + "/v1/embeddings?api-version=2024-01",
+        content=b'{"model":"e","input":"abc"}',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 200 and r.json()["object"] == "list"
+    assert fake.received[-1].query == "api-version=2024-01"
+    assert fake.received[-1].body == b'{"model":"e","input":"abc"}'
+    r = httpx.delete(proxy.url + "/v1/files/file-123?x=1")
+    echo = r.json()
+    assert echo["method"] == "DELETE" and echo["path"] == "/v1/files/file-123"
+    assert fake.received[-1].query == "x=1"
+
+
+def test_models_passthrough_and_configured(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    srv = make_proxy()
+    assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "fake-model"
+    routed = make_proxy(
+        {"model_list": [{"model_name": "claude", "litellm_params": {"model": "anthropic/x"}}]}
+    )
+    data = httpx.get(routed.url + "/v1/models").json()
+    assert [m["id"] for m in data["data"]] == ["claude"]
+
+
+def test_healthz(proxy: ServerThread) -> None:
+    r = httpx.get(proxy.url + "/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+def test_unknown_route_is_enveloped(proxy: ServerThread) -> None:
+    r = httpx.get(proxy.url + "/nope")
+    assert r.status_code == 404
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.put(proxy.url + "/healthz")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+class _Rewrite:
+    name = "rewrite"
+
+    def __call__(self, messages: list[dict[str, Any]], request: RequestView) -> StageOutcome:
+        return StageOutcome([{**m, "content": "CUT"} for m in messages], True, {"offloaded": 1})
+
+
+class _Boom:
+    name = "boom"
+
+    def __call__(self, messages: list[dict[str, Any]], request: RequestView) -> StageOutcome:
+        raise OSError("disk full")
+
+
+def test_changed_request_is_reserialised_with_unknown_fields(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    srv = make_proxy(stages=[_Rewrite()])
+    r = post(srv.url + "/v1/chat/completions", RAW_BODY)
+    sent = fake.received[-1].json()
+    assert sent["messages"][0]["content"] == "CUT"
+    assert sent["x_unknown"] == {"nested": [1, 2.5, None]}
+    assert list(sent) == ["model", "messages", "x_unknown", "temperature"]
+    assert r.headers["x-ctxproxy-offloaded"] == "1"
+
+
+def test_failing_stage_degrades_to_forwarding(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    srv = make_proxy(stages=[_Boom(), _Rewrite()])
+    r = post(srv.url + "/v1/chat/completions", RAW_BODY)
+    assert r.status_code == 200
+    assert fake.received[-1].json()["messages"][0]["content"] == "CUT"
+
+
+@pytest.mark.parametrize("key", ["sk-one", None])
+def test_tenant_never_contains_key(proxy: ServerThread, key: str | None) -> None:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    r = post(proxy.url + "/v1/chat/completions", RAW_BODY, **headers)
+    assert r.status_code == 200
+    assert tenant_of(key) != key
