@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
@@ -18,9 +19,11 @@ from .access import AccessLog
 from .config import Config
 from .errors import ProxyError, envelope
 from .pipeline import Stage
+from .pipeline.offload import OffloadStage
 from .relay import Receive, Scope, Send, send_error
 from .routes import ChatCompletions, Health, Models, PassThrough
 from .runtime import Runtime
+from .store.tool_results import ToolResultStore
 from .upstream.http import Upstream
 from .upstream.litellm_route import LitellmRouter
 
@@ -53,9 +56,22 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return _json(500, envelope("internal proxy error", "server_error", None, "internal_error"))
 
 
-def default_stages(config: Config) -> list[Stage]:
-    """The pipeline, in order. Later stages (offload, age, count, compact) plug in here."""
-    return []
+GC_INTERVAL_S = 3600.0
+
+
+def default_stages(config: Config, tool_results: ToolResultStore) -> list[Stage]:
+    """The pipeline, in order."""
+    return [OffloadStage(config.offload, config.retrieval, tool_results)]
+
+
+async def _gc_loop(store: ToolResultStore, interval: float) -> None:
+    """Delete expired offloaded files at start-up and then periodically, off the event loop."""
+    while True:
+        try:
+            await asyncio.to_thread(store.gc)
+        except Exception:
+            log.exception("periodic gc failed")
+        await asyncio.sleep(interval)
 
 
 Endpoint = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -104,6 +120,8 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> Acce
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         upstream = Upstream(config.upstream)
         await upstream.start()
+        tool_results = ToolResultStore(config.storage.data_dir, config.storage.tool_result_ttl_days)
+        gc_task = asyncio.create_task(_gc_loop(tool_results, GC_INTERVAL_S))
         router = LitellmRouter(
             [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
         )
@@ -111,12 +129,13 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> Acce
             config=config,
             upstream=upstream,
             router=router,
-            stages=list(stages) if stages is not None else default_stages(config),
+            stages=list(stages) if stages is not None else default_stages(config, tool_results),
             max_body=int(config.server.max_body_mb * 1024 * 1024),
         )
         try:
             yield {"runtime": runtime}
         finally:
+            gc_task.cancel()
             await upstream.close()
 
     chat = ChatCompletions()

@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    gc = sub.add_parser("gc", help="delete expired offloaded files now")
+    gc.add_argument("--config", help="YAML configuration file (every field optional)")
     return parser
 
 
@@ -71,6 +73,18 @@ def serve(config: Config, log_level: str) -> int:
     return EXIT_OK
 
 
+def gc(config: Config) -> int:
+    from .store.tool_results import ToolResultStore
+
+    store = ToolResultStore(config.storage.data_dir, config.storage.tool_result_ttl_days)
+    deleted = store.gc()
+    print(
+        f"deleted {deleted} offloaded file(s) older than "
+        f"{config.storage.tool_result_ttl_days:g} days from {config.storage.data_dir}"
+    )
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -79,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.port is not None and not 0 <= args.port <= 65535:
                 raise ConfigError("server.port: must be between 0 and 65535")
             return serve(_with_overrides(config, args.host, args.port), args.log_level)
+        if args.command == "gc":
+            return gc(config)
     except ConfigError as exc:
         print(f"ctxproxy: config error: {exc.message}", file=sys.stderr)
         return EXIT_USAGE

@@ -65,6 +65,21 @@ class StorageConfig(_Section):
     )
 
 
+class ReadTool(_Section):
+    path_arg: str = Field(description="Argument of the call that holds the file path.")
+    line_arg: str | None = Field(
+        None, description="Argument holding the first line read (1-based), if the tool has one."
+    )
+
+
+def _default_read_tools() -> dict[str, ReadTool]:
+    return {
+        "read_file": ReadTool(path_arg="file_path", line_arg="start_line"),
+        "Read": ReadTool(path_arg="file_path", line_arg="offset"),
+        "view": ReadTool(path_arg="path", line_arg="view_range"),
+    }
+
+
 class OffloadConfig(_Section):
     recent_max_bytes: int = Field(
         51200, ge=256, description="Stage 1: tool results above this size (UTF-8 bytes) are cut."
@@ -87,6 +102,17 @@ class OffloadConfig(_Section):
         "batched",
         description="batched: re-cut aged results together once enough bytes can be saved; "
         "eager: re-cut as soon as a result ages.",
+    )
+    age_batch_bytes: int = Field(
+        131072,
+        ge=0,
+        description="batched policy: aged results are re-cut only once re-cutting all of them "
+        "saves at least this many bytes (each re-cut discards the provider's prompt cache).",
+    )
+    read_tools: dict[str, ReadTool] = Field(
+        default_factory=_default_read_tools,
+        description="The client's own file-reading tools (name -> argument names): their cut "
+        "results point back to that tool and the original path instead of a proxy file.",
     )
 
 

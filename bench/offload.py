@@ -1,0 +1,93 @@
+"""Offload pipeline cost: a 60-turn history with 30 tool outputs of 5-300 KB.
+
+    python bench/offload.py [--repeats 20]
+
+Runs the real pipeline (the app's default stages) in-process over the history as a client
+resends it: the first request (cuts and writes every file), then repeats of the same history
+(must write nothing and cost little), and prints ms per request, files written, and bytes the
+client sent vs bytes forwarded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.app import default_stages
+from proxy.config import config_from_mapping
+from proxy.pipeline import RequestView, run_pipeline
+from proxy.session import Identity
+from proxy.store.tool_results import ToolResultStore
+
+
+def history(seed: int = 7) -> list[dict[str, Any]]:
+    rnd = random.Random(seed)
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing tests in the repo."},
+    ]
+    for t in range(30):
+        size = rnd.randint(5_000, 300_000)
+        line = f"[turn {t}] " + "log output " * 8 + "\n"
+        out = (line * (size // len(line) + 1))[:size]
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{t}", "type": "function",
+             "function": {"name": "bash", "arguments": orjson.dumps({"cmd": f"step {t}"}).decode()}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"call_{t}", "content": out})
+        if t % 3 == 2:
+            msgs.append({"role": "assistant", "content": f"Progress note {t}."})
+            msgs.append({"role": "user", "content": f"Continue with step {t + 1}."})
+    return msgs
+
+
+async def measure(repeats: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config_from_mapping({"storage": {"data_dir": tmp}})
+        store = ToolResultStore(Path(tmp), cfg.storage.tool_result_ttl_days)
+        stages = default_stages(cfg, store)
+        msgs = history()
+        body = orjson.dumps({"model": "gpt-4o", "messages": msgs})
+        ident = Identity("t-bench", "s-bench", None)
+
+        async def one() -> tuple[float, float, dict[str, int], int]:
+            t0 = time.perf_counter()
+            parsed = orjson.loads(body)
+            view = RequestView("gpt-4o", parsed, ident)
+            result = await run_pipeline(stages, parsed["messages"], view)
+            out = orjson.dumps({**parsed, "messages": result.messages}) if result.changed else body
+            total = (time.perf_counter() - t0) * 1000
+            return result.elapsed_ms, total, dict(result.stats), len(out)
+
+        first = await one()
+        reps = [await one() for _ in range(repeats)]
+        n_msgs = len(msgs)
+        print(f"# history: {n_msgs} messages, 30 tool outputs 5-300 KB, {len(body) / 1e6:.2f} MB sent")
+        print(f"{'request':8} {'pipeline ms':>12} {'+parse/dump ms':>15} {'files':>6} {'forwarded':>10}")
+        print(f"{'first':8} {first[0]:12.2f} {first[1]:15.2f} {first[2].get('files_written', 0):6d} "
+              f"{first[3] / 1e3:9.0f}K")
+        pm = statistics.median(r[0] for r in reps)
+        tm = statistics.median(r[1] for r in reps)
+        written = sum(r[2].get("files_written", 0) for r in reps)
+        print(f"{'repeat':8} {pm:12.2f} {tm:15.2f} {written:6d} {reps[0][3] / 1e3:9.0f}K"
+              f"   (median of {repeats}; p99 pipeline {max(r[0] for r in reps):.2f} ms)")
+        print(f"bytes sent {len(body)} -> forwarded {reps[0][3]} "
+              f"({reps[0][3] / len(body) * 100:.1f}%); offloaded {reps[0][2].get('offloaded')}, "
+              f"aged turns {reps[0][2].get('aged_turns')}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=20)
+    asyncio.run(measure(ap.parse_args().repeats))
+
+
+if __name__ == "__main__":
+    main()

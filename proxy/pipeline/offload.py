@@ -1,0 +1,255 @@
+"""The offload stage: two-stage truncation of tool results (SPEC section 4).
+
+Stage 1 cuts a tool result over `recent_max_bytes + slack_bytes` and saves the original under
+`tool_result/<id>.txt`; stage 2 cuts results of aged tool-call turns (see `ageing`) down to
+`old_max_bytes`. Both cuts are computed from the original the client resends, so the forwarded
+text depends only on the history and the config: the same history always forwards the same
+bytes. Results of the client's own read tools point back to that tool and the original path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..config import OffloadConfig, ReadTool, RetrievalConfig
+from ..store.tool_results import ToolResultStore, relative_path, result_id
+from . import Message, RequestView, StageOutcome, ageing
+from .notice import parse_notice
+from .truncate import recut, truncate
+
+log = logging.getLogger("proxy.pipeline")
+
+_MARKDOWN = (".md", ".mdx", ".markdown")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCall:
+    """A call of one of the client's read tools: where its output came from."""
+
+    tool: str
+    spec: ReadTool
+    path: str
+    first_line: int
+
+    @property
+    def markdown(self) -> bool:
+        return self.path.lower().endswith(_MARKDOWN)
+
+
+@dataclass(slots=True)
+class _Entry:
+    rid: str
+    size: int
+    cuts: dict[int, str | None]  # budget -> forwarded text (None: fits, no cut)
+
+
+def _text_of(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                if not isinstance(part.get("text"), str):
+                    return None
+                texts.append(part["text"])
+        return "\n".join(texts) if texts else None
+    return None
+
+
+def _with_text(message: Message, text: str) -> Message:
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": text}
+    assert isinstance(content, list)
+    parts: list[Any] = []
+    placed = False
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "text":
+            if not placed:
+                parts.append({**part, "text": text})
+                placed = True
+            continue
+        parts.append(part)  # images and other parts pass untouched
+    return {**message, "content": parts}
+
+
+def _first_line(value: Any) -> int:
+    if isinstance(value, list) and value:
+        value = value[0]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return 1
+
+
+def read_calls(
+    messages: list[Message], tools: Mapping[str, ReadTool]
+) -> dict[str, ReadCall]:
+    """tool_call_id -> ReadCall for every call of a configured read tool."""
+    found: dict[str, ReadCall] = {}
+    if not tools:
+        return found
+    for m in messages:
+        if m.get("role") != "assistant":
+            continue
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict):
+                continue
+            spec = tools.get(fn.get("name"))  # type: ignore[arg-type]
+            if spec is None:
+                continue
+            try:
+                args = orjson.loads(fn.get("arguments") or "{}")
+            except (orjson.JSONDecodeError, TypeError):
+                continue
+            if not isinstance(args, dict):
+                continue
+            path = args.get(spec.path_arg, args.get("path", args.get("file_path")))
+            if isinstance(path, str) and path and isinstance(call.get("id"), str):
+                line = _first_line(args.get(spec.line_arg)) if spec.line_arg else 1
+                found[call["id"]] = ReadCall(fn["name"], spec, path, line)
+    return found
+
+
+class OffloadStage:
+    name = "offload"
+
+    def __init__(
+        self,
+        config: OffloadConfig,
+        retrieval: RetrievalConfig,
+        store: ToolResultStore,
+        *,
+        cache_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.config = config
+        self.tool = retrieval.tool_name
+        self.store = store
+        self._cache: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
+        self._cache_bytes = cache_bytes
+        self._cached = 0
+        # The smallest size any cut applies to: anything at or below it is never touched.
+        self._floor = min(config.old_max_bytes, config.recent_max_bytes) + config.slack_bytes
+
+    # -- budgets ---------------------------------------------------------------------------
+
+    def _budget(self, recent: bool, markdown: bool) -> int:
+        c = self.config
+        budget = c.recent_max_bytes if recent else min(c.old_max_bytes, c.recent_max_bytes)
+        return max(budget, c.markdown_max_bytes) if markdown else budget
+
+    # -- per message -----------------------------------------------------------------------
+
+    def _entry(self, tenant: str, session: str, text: str) -> _Entry:
+        key = (tenant, session, text)
+        entry = self._cache.get(key)
+        if entry is not None:
+            self._cache.move_to_end(key)
+            return entry
+        entry = _Entry(result_id(tenant, session, text), len(text.encode("utf-8", "surrogatepass")), {})
+        self._cache[key] = entry
+        self._cached += len(text)
+        while self._cached > self._cache_bytes and len(self._cache) > 1:
+            (_, _, old), _ = self._cache.popitem(last=False)
+            self._cached -= len(old)
+        return entry
+
+    def _cut(self, entry: _Entry, text: str, budget: int, read: ReadCall | None) -> str | None:
+        if budget in entry.cuts:
+            return entry.cuts[budget]
+        if entry.size <= budget + self.config.slack_bytes:
+            result = None
+        elif read is not None:
+            cut = truncate(
+                text, budget, file_path=read.path, tool=read.tool,
+                path_arg=read.spec.path_arg, line_arg=read.spec.line_arg or "start_line",
+                byte_arg=None, line_offset=read.first_line - 1,
+            )
+            result = cut.text if cut else None
+        else:
+            cut = truncate(text, budget, file_path=relative_path(entry.rid), tool=self.tool)
+            result = cut.text if cut else None
+        entry.cuts[budget] = result
+        return result
+
+    def _estimated_saving(self, text: str | None, read: ReadCall | None) -> int:
+        """Bytes re-cutting this result would save: cheap, no truncation performed."""
+        if text is None or 4 * len(text) <= self._floor:
+            return 0
+        size = len(text.encode("utf-8", "surrogatepass"))
+        md = read.markdown if read else False
+        now = min(size, self._budget(True, md))
+        later = min(size, self._budget(False, md))
+        return max(now - later, 0)
+
+    # -- the stage -------------------------------------------------------------------------
+
+    def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
+        tenant, session = request.identity.tenant, request.identity.session
+        texts: dict[int, str] = {}
+        for i, m in enumerate(messages):
+            if m.get("role") in ("tool", "function"):
+                text = _text_of(m.get("content"))
+                if text is not None and 4 * len(text) > self._floor:
+                    texts[i] = text
+        if not texts:
+            return StageOutcome(messages, False)
+
+        reads = read_calls(messages, self.config.read_tools)
+        turn_of, turns = ageing.tool_turns(messages)
+        per_turn = [0] * turns
+        for i, text in texts.items():
+            if turns:
+                rc = reads.get(messages[i].get("tool_call_id", ""))
+                per_turn[turn_of.get(i, 0)] += self._estimated_saving(text, rc)
+        aged_upto = ageing.aged_upto(
+            turns, self.config.recent_n, lambda t: per_turn[t],
+            batched=self.config.age_policy == "batched", batch_bytes=self.config.age_batch_bytes,
+        )
+
+        out = list(messages)
+        offloaded = written = errors = saved = 0
+        for i, text in texts.items():
+            m = messages[i]
+            aged = turn_of.get(i, turns) < aged_upto
+            read = reads.get(m.get("tool_call_id", ""))
+            budget = self._budget(not aged, read.markdown if read else False)
+            if parse_notice(text) is not None:
+                # Already carries a notice (a client that stored our output): never offload
+                # again; stage 2 only rewrites the excerpt.
+                new = recut(text, budget) if aged else None
+            else:
+                entry = self._entry(tenant, session, text)
+                new = self._cut(entry, text, budget, read)
+                if new is not None:
+                    try:
+                        written += self.store.save(tenant, session, entry.rid, text)
+                    except (OSError, ValueError) as exc:
+                        # Degrade, never drop: the result goes uncut, nothing is lost.
+                        errors += 1
+                        log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
+                        new = None
+            if new is not None:
+                out[i] = _with_text(m, new)
+                offloaded += 1
+                saved += len(text) - len(new)
+        changed = offloaded > 0
+        stats = {"offloaded": offloaded, "files_written": written, "offload_errors": errors,
+                 "offload_chars_saved": saved, "aged_turns": aged_upto}
+        return StageOutcome(out if changed else messages, changed, stats)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"{os.strerror(exc.errno)}"
+    return type(exc).__name__

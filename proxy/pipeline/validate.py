@@ -1,0 +1,219 @@
+"""Tool-call pairing validator and repair (SPEC section 5, the validator before forwarding): pure.
+
+The provider rejects a request whose tool messages are not paired with the calls that caused
+them ("An assistant message with 'tool_calls' must be followed by tool messages responding to
+each 'tool_call_id'", and the converse for a tool message without its call). Compaction, client
+edits and truncation can all produce such lists, so the proxy checks every outgoing list and
+repairs it rather than sending something that is certain to fail.
+
+Validity (what :func:`is_valid` checks and :func:`validate` guarantees on its output). The list
+is read as a sequence of *result blocks*: an ``assistant`` message followed by the maximal run of
+``tool``/``function`` messages after it.
+
+* An assistant's ``tool_calls`` is absent, ``None``, or a non-empty list of dicts each with a
+  string ``id`` (the API rejects ``tool_calls: []`` with "empty array").
+* Every ``tool`` message sits in the block of an assistant with ``tool_calls`` and its
+  ``tool_call_id`` is one of that assistant's call ids; each call id is answered exactly once
+  (an id that occurs k times in one message needs k results) before the next non-result message
+  or the end of the list. So a trailing assistant with unanswered calls is invalid too: the
+  provider rejects it as well.
+* Legacy: every ``function`` message sits in the block of an assistant with a ``function_call``,
+  which gets exactly one such result in its block.
+* Nothing is checked across blocks: ids may repeat in later turns (some servers number calls
+  ``call_0``, ``call_1``... in every turn), and a result is only ever matched within its block.
+
+Repairs, in order of the input (indices in the repair notes refer to the input list):
+
+* malformed entries of ``tool_calls`` (not a dict, or no string ``id``) are dropped; a
+  ``tool_calls`` that ends up empty (or was ``[]``, or was not a list) is removed, and a
+  ``content`` of ``None`` becomes ``""`` so that the message stays acceptable;
+* a ``tool``/``function`` result with no matching pending call in its block (orphaned: its call
+  was evicted or deleted, it answers an id already answered, or it comes after another message)
+  is dropped — the original is archived by the dialog store, so nothing is lost;
+* every call still unanswered when its block ends gets a synthetic result right after the
+  block's existing results, in ``tool_calls`` order: ``{"role": "tool", "tool_call_id": id,
+  "content": PLACEHOLDER}`` (legacy: ``{"role": "function", "name": name, "content":
+  PLACEHOLDER}``).
+
+Misplaced results are deliberately not moved to the turn of their call: with ids reused across
+turns the target would be a guess, and a placeholder is honest.
+
+The output list shares every unchanged message dict with the input; repaired assistant messages
+are shallow copies. The input list and its dicts are never mutated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Same alias as proxy.pipeline.Message, restated so that proxy.pipeline may import this module
+# without an import cycle.
+Message = dict[str, Any]
+
+__all__ = ["PLACEHOLDER", "Validation", "is_valid", "validate"]
+
+PLACEHOLDER = "[ctxproxy: no result was recorded for this call]"
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    messages: list[Message]
+    repairs: tuple[str, ...]
+    changed: bool
+
+
+def is_valid(messages: Sequence[Message]) -> bool:
+    """True when the list satisfies the pairing rules. O(n), allocates only per-block id counts."""
+    # pending: ids of the current block still owed a result, with multiplicity; None outside a
+    # tool_calls block. An empty dict is a block whose calls are all answered.
+    pending: dict[str, int] | None = None
+    function_pending = False
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            if not pending:
+                return False
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                return False
+            left = pending.get(call_id)
+            if not left:
+                return False
+            if left == 1:
+                del pending[call_id]
+            else:
+                pending[call_id] = left - 1
+        elif role == "function":
+            if not function_pending:
+                return False
+            function_pending = False
+        else:
+            if pending or function_pending:
+                return False
+            pending = None
+            if role == "assistant":
+                calls = message.get("tool_calls")
+                if calls is not None:
+                    if not isinstance(calls, list) or not calls:
+                        return False
+                    pending = {}
+                    for call in calls:
+                        call_id = call.get("id") if isinstance(call, dict) else None
+                        if not isinstance(call_id, str):
+                            return False
+                        pending[call_id] = pending.get(call_id, 0) + 1
+                function_pending = message.get("function_call") is not None
+    return not pending and not function_pending
+
+
+def _function_name(message: Message) -> str:
+    call = message.get("function_call")
+    name = call.get("name") if isinstance(call, dict) else None
+    return name if isinstance(name, str) and name else "unknown"
+
+
+def validate(messages: list[Message]) -> Validation:
+    """Check and, when needed, repair the pairing rules (see the module docstring).
+
+    A valid list is returned as the very same object with ``changed=False``.
+    """
+    if is_valid(messages):
+        return Validation(messages, (), False)
+
+    out: list[Message] = []
+    repairs: list[str] = []
+    # The open block: index of its assistant in the input, its call ids in order (with
+    # repetitions), the remaining multiplicity per id, and the legacy function call if any.
+    owner = -1
+    call_order: list[str] = []
+    pending: dict[str, int] = {}
+    function_name: str | None = None
+
+    def close_block() -> None:
+        nonlocal function_name
+        for call_id in call_order:
+            left = pending.get(call_id, 0)
+            if left:
+                pending[call_id] = left - 1
+                out.append({"role": "tool", "tool_call_id": call_id, "content": PLACEHOLDER})
+                repairs.append(
+                    f"inserted a placeholder result for unanswered tool call {call_id!r} "
+                    f"of message {owner}"
+                )
+        call_order.clear()
+        pending.clear()
+        if function_name is not None:
+            out.append({"role": "function", "name": function_name, "content": PLACEHOLDER})
+            repairs.append(
+                f"inserted a placeholder result for unanswered function call {function_name!r} "
+                f"of message {owner}"
+            )
+            function_name = None
+
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            left = pending.get(call_id, 0) if isinstance(call_id, str) else 0
+            if left and isinstance(call_id, str):
+                pending[call_id] = left - 1
+                out.append(message)
+            else:
+                repairs.append(
+                    f"dropped tool result {index} (tool_call_id {call_id!r}): no pending call"
+                )
+            continue
+        if role == "function":
+            if function_name is not None:
+                function_name = None
+                out.append(message)
+            else:
+                repairs.append(f"dropped function result {index}: no pending function_call")
+            continue
+
+        close_block()
+        if role == "assistant":
+            message = _repair_calls(message, index, repairs)
+            owner = index
+            calls = message.get("tool_calls")
+            if calls:
+                for call in calls:
+                    call_id = call["id"]
+                    call_order.append(call_id)
+                    pending[call_id] = pending.get(call_id, 0) + 1
+            if message.get("function_call") is not None:
+                function_name = _function_name(message)
+        out.append(message)
+    close_block()
+    return Validation(out, tuple(repairs), True)
+
+
+def _repair_calls(message: Message, index: int, repairs: list[str]) -> Message:
+    """The assistant message with a well-formed ``tool_calls`` (a copy only if it changes)."""
+    calls: Any = message.get("tool_calls")
+    if calls is None:
+        return message
+    if isinstance(calls, list):
+        good = [c for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)]
+        if good and len(good) == len(calls):
+            return message
+        if len(good) != len(calls):
+            repairs.append(
+                f"dropped {len(calls) - len(good)} malformed tool call(s) from message {index}"
+            )
+    else:
+        good = []
+        repairs.append(f"removed tool_calls of message {index}: not a list")
+    fixed = dict(message)
+    if good:
+        fixed["tool_calls"] = good
+    else:
+        del fixed["tool_calls"]
+        if isinstance(calls, list) and not calls:
+            repairs.append(f"removed empty tool_calls from message {index}")
+        if fixed.get("content") is None:
+            # The API requires content on an assistant message without tool calls.
+            fixed["content"] = ""
+    return fixed

@@ -1,0 +1,375 @@
+"""The one embedded SQLite database under ``data_dir`` (SPEC section 3, "Shared state").
+
+It holds the dialog message index, the per-file line counters of the archive, the summary cache
+and per-session counters. Files on disk are the record for people; this database is what makes
+"has this message been written?" and "is there a summary for this prefix?" one indexed query.
+
+Connection policy, and why:
+
+* One connection per :class:`Database`, opened with ``check_same_thread=False`` and guarded by a
+  ``threading.RLock``: the app calls from the event-loop thread and from worker threads, and
+  sqlite3 connections must not be used concurrently. Re-entrant so a store method can call
+  another (e.g. ``update_session_stats``) inside its own transaction.
+* ``isolation_level=None`` (autocommit) with explicit ``BEGIN IMMEDIATE`` in
+  :meth:`Database.transaction`: Python's implicit transactions would start a deferred one that
+  can fail to upgrade to a write lock under contention; IMMEDIATE takes the write lock up front
+  and so also serialises writers in *other processes* sharing the data dir.
+* ``journal_mode=WAL`` + ``synchronous=NORMAL``: readers never block the writer, and a commit
+  costs no fsync (durability of the last commits is traded for speed, the database stays
+  consistent after a crash). ``busy_timeout`` makes a second process wait instead of failing.
+* Callers on the event loop should run the write paths through ``asyncio.to_thread``: holding
+  the lock, a write may wait on disk.
+
+Schema versions live in ``PRAGMA user_version``; :data:`MIGRATIONS` ``[i]`` upgrades version ``i``
+to ``i + 1``, each in its own transaction. A database newer than this code is refused rather than
+silently misread.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from proxy.store.paths import check_name, db_path
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "SESSION_COUNTERS",
+    "Database",
+    "SchemaError",
+    "SessionRow",
+    "format_ts",
+    "parse_ts",
+    "utc",
+]
+
+log = logging.getLogger("proxy.store")
+
+# Each entry is the list of statements taking the schema from version i to i + 1. Never edit a
+# released entry; append a new one (ALTER TABLE / new tables) instead.
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    (
+        # One row per distinct message of a session, keyed by its chain hash (which encodes the
+        # whole prefix, so the same text at another position is another row). file is relative
+        # to the session directory, line is 1-based.
+        """CREATE TABLE messages (
+            tenant   TEXT NOT NULL,
+            session  TEXT NOT NULL,
+            chain    TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            parent   TEXT,
+            role     TEXT,
+            file     TEXT NOT NULL,
+            line     INTEGER NOT NULL,
+            ts       TEXT NOT NULL,
+            PRIMARY KEY (tenant, session, chain)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX messages_by_file ON messages (tenant, session, file, line)",
+        # Line counter per archive file, so appends need not re-count; size detects files that
+        # changed behind our back (a torn write, a restore) and triggers one re-count.
+        """CREATE TABLE dialog_files (
+            tenant  TEXT NOT NULL,
+            session TEXT NOT NULL,
+            file    TEXT NOT NULL,
+            lines   INTEGER NOT NULL,
+            size    INTEGER NOT NULL,
+            PRIMARY KEY (tenant, session, file)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE summaries (
+            tenant         TEXT NOT NULL,
+            session        TEXT NOT NULL,
+            chain          TEXT NOT NULL,
+            v              INTEGER NOT NULL,
+            head           INTEGER NOT NULL,
+            upto           INTEGER NOT NULL,
+            previous_chain TEXT,
+            text           TEXT NOT NULL,
+            source         TEXT NOT NULL,
+            model          TEXT,
+            created_at     TEXT NOT NULL,
+            tokens_before  INTEGER NOT NULL,
+            tokens_after   INTEGER NOT NULL,
+            span           TEXT NOT NULL,
+            PRIMARY KEY (tenant, session, chain)
+        )""",
+        "CREATE INDEX summaries_by_time ON summaries (tenant, session, created_at)",
+        """CREATE TABLE sessions (
+            tenant      TEXT NOT NULL,
+            session     TEXT NOT NULL,
+            turns       INTEGER NOT NULL DEFAULT 0,
+            tokens_in   INTEGER NOT NULL DEFAULT 0,
+            tokens_out  INTEGER NOT NULL DEFAULT 0,
+            compactions INTEGER NOT NULL DEFAULT 0,
+            offloads    INTEGER NOT NULL DEFAULT 0,
+            messages    INTEGER NOT NULL DEFAULT 0,
+            first_seen  TEXT NOT NULL,
+            last_seen   TEXT NOT NULL,
+            last_chain  TEXT,
+            PRIMARY KEY (tenant, session)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX sessions_by_last_seen ON sessions (tenant, last_seen)",
+    ),
+)
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+# Counters update_session_stats may touch. "messages" is maintained by the dialog archive.
+SESSION_COUNTERS: Final = frozenset({"turns", "tokens_in", "tokens_out", "compactions", "offloads"})
+
+
+class SchemaError(RuntimeError):
+    """The database was written by a newer ctxproxy (or is not ours)."""
+
+
+def utc(now: datetime | None = None) -> datetime:
+    """``now`` as an aware UTC datetime; naive values are taken to be UTC already."""
+    if now is None:
+        return datetime.now(UTC)
+    if now.tzinfo is None:
+        return now.replace(tzinfo=UTC)
+    return now.astimezone(UTC)
+
+
+def format_ts(moment: datetime) -> str:
+    # Fixed width (always milliseconds, always +00:00) so the TEXT columns sort chronologically.
+    return utc(moment).isoformat(timespec="milliseconds")
+
+
+def parse_ts(text: str) -> datetime:
+    return utc(datetime.fromisoformat(text))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    """Per-session counters for the /files pages."""
+
+    tenant: str
+    session: str
+    turns: int
+    tokens_in: int
+    tokens_out: int
+    compactions: int
+    offloads: int
+    messages: int  # distinct messages archived
+    first_seen: datetime
+    last_seen: datetime
+    last_chain: str | None  # chain of the newest archived message (branch detection)
+
+    @property
+    def saved_ratio(self) -> float:
+        """Share of client tokens the proxy did not forward (0 when nothing was counted)."""
+        if self.tokens_in <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.tokens_out / self.tokens_in)
+
+
+def _session_row(row: sqlite3.Row) -> SessionRow:
+    return SessionRow(
+        tenant=row["tenant"],
+        session=row["session"],
+        turns=row["turns"],
+        tokens_in=row["tokens_in"],
+        tokens_out=row["tokens_out"],
+        compactions=row["compactions"],
+        offloads=row["offloads"],
+        messages=row["messages"],
+        first_seen=parse_ts(row["first_seen"]),
+        last_seen=parse_ts(row["last_seen"]),
+        last_chain=row["last_chain"],
+    )
+
+
+class Database:
+    """The shared SQLite database; one instance per process, created by the app's lifespan."""
+
+    def __init__(self, path: Path, *, busy_timeout_s: float = 10.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._closed = False
+        conn = sqlite3.connect(
+            self.path,
+            timeout=busy_timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            conn.row_factory = sqlite3.Row
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                # e.g. a filesystem without shared memory; still correct, just less concurrent.
+                log.warning("sqlite WAL unavailable for %s (journal_mode=%s)", self.path, mode)
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+            self._conn = conn
+            self._migrate()
+        except BaseException:
+            conn.close()
+            raise
+
+    @classmethod
+    def in_dir(cls, data_dir: Path) -> Database:
+        """The database at its standard place, ``data_dir/_index.sqlite3``."""
+        return cls(db_path(data_dir))
+
+    # --- connection access --------------------------------------------------------------
+
+    @contextmanager
+    def connect(self) -> Iterator[sqlite3.Connection]:
+        """The connection, with the lock held, for reads (autocommit, no explicit transaction)."""
+        with self._lock:
+            if self._closed:
+                raise sqlite3.ProgrammingError("database is closed")
+            yield self._conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (``BEGIN IMMEDIATE``) with the lock held; commits on success.
+
+        Nested use inside an open transaction of the same thread joins the outer one, so
+        helpers can be composed; only the outermost commits or rolls back.
+        """
+        with self.connect() as conn:
+            if conn.in_transaction:
+                yield conn
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    @property
+    def schema_version(self) -> int:
+        with self.connect() as conn:
+            return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- schema -------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        conn = self._conn
+        while True:
+            # Each step re-reads the version inside its write transaction, so two processes
+            # opening a fresh data dir at once do not both run the same migration.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+                if version > SCHEMA_VERSION:
+                    raise SchemaError(
+                        f"{self.path}: schema version {version} is newer than this ctxproxy "
+                        f"understands ({SCHEMA_VERSION})"
+                    )
+                if version == SCHEMA_VERSION:
+                    conn.execute("COMMIT")
+                    return
+                for statement in MIGRATIONS[version]:
+                    conn.execute(statement)
+                # user_version lives in the header page, so it commits (or rolls back) with
+                # the migration itself.
+                conn.execute(f"PRAGMA user_version={version + 1}")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            log.info("migrated %s to schema version %d", self.path, version + 1)
+
+    # --- sessions -----------------------------------------------------------------------
+
+    def touch_session(
+        self,
+        tenant: str,
+        session: str,
+        *,
+        now: datetime | None = None,
+        messages: int = 0,
+        last_chain: str | None = None,
+    ) -> None:
+        """Create the session row if needed, move ``last_seen`` forward, count archived
+        messages and remember the newest chain (``None`` leaves it unchanged)."""
+        check_name(tenant, "tenant")
+        check_name(session, "session")
+        ts = format_ts(utc(now))
+        with self.transaction() as conn:
+            conn.execute(
+                """INSERT INTO sessions (tenant, session, messages, first_seen, last_seen,
+                                         last_chain)
+                   VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (tenant, session) DO UPDATE SET
+                       messages = messages + excluded.messages,
+                       first_seen = min(first_seen, excluded.first_seen),
+                       last_seen = max(last_seen, excluded.last_seen),
+                       last_chain = coalesce(excluded.last_chain, last_chain)""",
+                (tenant, session, messages, ts, ts, last_chain),
+            )
+
+    def update_session_stats(
+        self, tenant: str, session: str, *, now: datetime | None = None, **increments: int
+    ) -> SessionRow:
+        """Add ``increments`` to the named counters (``turns``, ``tokens_in``, ``tokens_out``,
+        ``compactions``, ``offloads``), creating the row on first use; returns the new row."""
+        check_name(tenant, "tenant")
+        check_name(session, "session")
+        for key, value in increments.items():
+            if key not in SESSION_COUNTERS:
+                raise ValueError(f"unknown session counter: {key!r}")
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"session counter {key!r} must be an int, got {value!r}")
+        names = sorted(increments)
+        ts = format_ts(utc(now))
+        # Column names come only from the SESSION_COUNTERS whitelist checked above.
+        cols = "".join(f", {n}" for n in names)
+        marks = ", ?" * len(names)
+        updates = "".join(f", {n} = {n} + excluded.{n}" for n in names)
+        sql = f"""INSERT INTO sessions (tenant, session, first_seen, last_seen{cols})
+                  VALUES (?, ?, ?, ?{marks})
+                  ON CONFLICT (tenant, session) DO UPDATE SET
+                      last_seen = max(last_seen, excluded.last_seen){updates}
+                  RETURNING *"""
+        with self.transaction() as conn:
+            row = conn.execute(
+                sql, (tenant, session, ts, ts, *(increments[n] for n in names))
+            ).fetchone()
+        return _session_row(row)
+
+    def session_stats(self, tenant: str, session: str) -> SessionRow | None:
+        with self.connect() as conn:
+            row = conn.execute(
+                "SELECT * FROM sessions WHERE tenant = ? AND session = ?", (tenant, session)
+            ).fetchone()
+        return None if row is None else _session_row(row)
+
+    def sessions(self, tenant: str | None = None) -> list[SessionRow]:
+        """Sessions of one tenant (``None``: all, for the master key), most recent first."""
+        with self.connect() as conn:
+            if tenant is None:
+                rows = conn.execute(
+                    "SELECT * FROM sessions ORDER BY last_seen DESC, tenant, session"
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    "SELECT * FROM sessions WHERE tenant = ? ORDER BY last_seen DESC, session",
+                    (tenant,),
+                ).fetchall()
+        return [_session_row(r) for r in rows]

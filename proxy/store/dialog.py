@@ -1,0 +1,704 @@
+"""Dialog archive: every message a session ever saw, once, as JSONL (SPEC section 6).
+
+Chain hashes
+------------
+``chain_i = sha256(raw(chain_{i-1}) || sha256(canonical(msg_i)))``, shown as the first 32 hex
+digits (``raw`` is those 16 bytes); ``chain_{-1}`` is the empty string, a fixed root.
+``canonical`` is ``orjson.dumps(msg, option=OPT_SORT_KEYS)``.
+
+* A chain names a message *and its whole prefix*, so "is this history one we have seen?" is an
+  index lookup, and a summary of messages ``0..i`` can be found by ``chains[i]`` alone.
+* The root is fixed rather than seeded with tenant/session so :func:`chain_hashes` stays a pure
+  function of the messages; every lookup is scoped by (tenant, session), so equal histories in
+  different sessions never meet.
+* The message enters through its own digest (not its bytes) so that digest can be cached per
+  message: a resent history then costs one dictionary probe per message instead of re-hashing
+  megabytes of tool output (see :class:`DigestCache`).
+
+Archive lines
+-------------
+``data_dir/<tenant>/<session>/dialog/YYYY-MM-DD.jsonl`` (UTC date of the write), one object per
+line::
+
+    {"v": 1, "ts": "2026-12-02T10:15:30.123+00:00", "session": "...", "pos": 7,
+     "chain": "<32 hex>", "parent": "<32 hex>" | null, "role": "user", "message": {...}}
+
+``message`` is exactly what the client sent (or the assembled answer of the model). A message is
+written only if its chain is not yet in the session's index, so resending a history writes only
+the new tail. When the first new message does not continue the session's newest archived
+message, the client edited or rewound its history: that is a branch, its ``parent`` links it to
+the prefix it continues and the old lines stay as they are. (A client that resends the model's
+answer in a different shape than the recorded one, e.g. with extra ``null`` fields, therefore
+shows up as a one-message branch each turn: the caller should record the answer the way clients
+echo it back.)
+
+Crash behaviour: lines are appended (``O_APPEND``) with one ``writev`` per call (per 512 lines)
+and the index row is
+committed *after* the write. A crash in between leaves lines that the index does not know; they
+are written again on the next request (readers may therefore see a chain twice; :meth:`read_dialog`
+drops repeats), which is preferred to the opposite order that could lose a message for good. A
+torn last line is skipped on read, and the next append first writes ``\\n`` so the new line is not
+glued onto it; the torn fragment keeps its (physical) line number so line numbers stay what a text
+viewer shows.
+
+Reading policy: any line that does not parse as a JSON object is skipped. A torn *last* line is
+expected after a crash and logged at DEBUG; an unparsable line in the middle (usually a torn
+line that later appends closed off, or outside damage) is logged at WARNING with file and line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any, BinaryIO, Final, NamedTuple, Protocol
+
+import orjson
+
+from proxy.store.db import Database, SessionRow, format_ts, parse_ts, utc
+from proxy.store.paths import (
+    DIALOG_DIR,
+    check_name,
+    dialog_dir,
+    dialog_file,
+    dialog_filename,
+)
+
+__all__ = [
+    "ARCHIVE_VERSION",
+    "CHAIN_HEX",
+    "DialogArchive",
+    "DialogLine",
+    "DigestCache",
+    "DigestCacheLike",
+    "FileSpan",
+    "IndexEntry",
+    "LineRef",
+    "RecordResult",
+    "canonical",
+    "chain_hashes",
+    "chain_step",
+    "format_spans",
+    "is_chain",
+    "message_digest",
+]
+
+log = logging.getLogger("proxy.store")
+
+ARCHIVE_VERSION: Final = 1
+CHAIN_HEX: Final = 32
+_CHAIN_RE: Final = re.compile(r"[0-9a-f]{32}")
+_DIALOG_NAME: Final = re.compile(r"\d{4}-\d{2}-\d{2}\.jsonl")
+_COUNT_CHUNK: Final = 1 << 20
+# Parts per writev call; POSIX guarantees at least 16, Linux allows 1024.
+_IOV_MAX: Final = max(16, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16))
+
+
+# --- hashing ---------------------------------------------------------------------------------
+
+
+class DigestCacheLike(Protocol):
+    """What :func:`chain_hashes` needs from a cache; a plain ``dict`` qualifies (unbounded)."""
+
+    def get(self, key: Hashable, /) -> bytes | None: ...
+
+    def __setitem__(self, key: Hashable, value: bytes, /) -> None: ...
+
+
+def canonical(value: Any) -> bytes:
+    """Deterministic bytes of a JSON value: orjson with sorted keys.
+
+    Values orjson refuses (ints beyond 64 bits, lone surrogates, odd types) fall back to the
+    stdlib encoder in ASCII mode, which is just as deterministic; such messages simply never
+    match an orjson-encoded twin, which cannot exist anyway.
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str
+        ).encode("ascii")
+
+
+def message_digest(message: Any) -> bytes:
+    """sha256 of the canonical form (32 raw bytes)."""
+    return hashlib.sha256(canonical(message)).digest()
+
+
+# Type tags for _freeze: ints, so they can never equal a str value.
+_DICT, _LIST, _INT, _BOOL, _FLOAT = 0, 1, 2, 3, 4
+
+
+def _freeze(value: Any) -> Hashable:
+    """A hashable key equal for two values exactly when their canonical JSON is equal.
+
+    Building it touches no bytes of the strings (their hashes are computed once per object by
+    the dict probe), which is what makes a cache hit cheaper than serialising. Ints, bools and
+    floats are tagged because ``True == 1 == 1.0`` in Python but not in JSON; floats go by
+    ``repr`` because ``0.0 == -0.0``. Unsupported types raise ``TypeError`` (no caching then).
+    """
+    kind = type(value)
+    if kind is str or value is None:
+        return value  # type: ignore[no-any-return]
+    if kind is dict:
+        items = []
+        for k, v in value.items():
+            if type(k) is not str:
+                raise TypeError("non-str key")
+            items.append((k, _freeze(v)))
+        items.sort(key=_first)
+        return (_DICT, tuple(items))
+    if kind is list:
+        return (_LIST, tuple(_freeze(v) for v in value))
+    if kind is bool:
+        return (_BOOL, value)
+    if kind is int:
+        return (_INT, value)
+    if kind is float:
+        return (_FLOAT, repr(value))
+    raise TypeError(f"unsupported type {kind.__name__}")
+
+
+def _first(item: tuple[str, Hashable]) -> str:
+    return item[0]
+
+
+class DigestCache:
+    """Bounded, thread-safe LRU of message digests, keyed by content (see :func:`_freeze`).
+
+    The keys hold references to the messages' strings, so memory is bounded by the canonical
+    size of what is cached (``max_bytes``); small messages are not worth an entry (hashing a
+    few hundred bytes costs about what the probe does) and are skipped below ``min_bytes``.
+    """
+
+    def __init__(
+        self, max_bytes: int = 64 << 20, max_entries: int = 65536, min_bytes: int = 1024
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.min_bytes = min_bytes
+        self._data: OrderedDict[Hashable, tuple[bytes, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: Hashable, /) -> bytes | None:
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._data.move_to_end(key)
+            self.hits += 1
+            return entry[0]
+
+    def __setitem__(self, key: Hashable, value: bytes, /) -> None:
+        self.put(key, value, self.min_bytes)
+
+    def put(self, key: Hashable, digest: bytes, size: int) -> None:
+        if size < self.min_bytes or size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._data[key] = (digest, size)
+            self._bytes += size
+            while self._data and (
+                self._bytes > self.max_bytes or len(self._data) > self.max_entries
+            ):
+                _, (_, evicted) = self._data.popitem(last=False)
+                self._bytes -= evicted
+
+
+def _digest(message: Any, cache: DigestCacheLike | None) -> bytes:
+    if cache is None:
+        return message_digest(message)
+    try:
+        key: Hashable | None = _freeze(message)
+    except (TypeError, RecursionError):
+        key = None
+    if key is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+    blob = canonical(message)
+    digest = hashlib.sha256(blob).digest()
+    if key is not None:
+        if isinstance(cache, DigestCache):
+            cache.put(key, digest, len(blob))
+        else:
+            cache[key] = digest
+    return digest
+
+
+def chain_step(parent: str | None, message: Any, cache: DigestCacheLike | None = None) -> str:
+    """The chain of ``message`` following the chain ``parent`` (``None`` at the root)."""
+    prev = bytes.fromhex(parent) if parent else b""
+    return hashlib.sha256(prev + _digest(message, cache)).hexdigest()[:CHAIN_HEX]
+
+
+def chain_hashes(messages: Sequence[Any], cache: DigestCacheLike | None = None) -> list[str]:
+    """Chain hashes of a history; ``chain_hashes(m[:k]) == chain_hashes(m)[:k]``."""
+    out: list[str] = []
+    prev = b""
+    sha256 = hashlib.sha256
+    for message in messages:
+        raw = sha256(prev + _digest(message, cache)).digest()[: CHAIN_HEX // 2]
+        out.append(raw.hex())
+        prev = raw
+    return out
+
+
+def is_chain(value: object) -> bool:
+    return isinstance(value, str) and _CHAIN_RE.fullmatch(value) is not None
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+class LineRef(NamedTuple):
+    file: str  # relative to the session directory, e.g. "dialog/2026-12-02.jsonl"
+    line: int  # 1-based physical line
+
+
+class FileSpan(NamedTuple):
+    file: str
+    first_line: int
+    last_line: int
+
+
+def format_spans(spans: Sequence[FileSpan]) -> str:
+    """``dialog/2026-12-02.jsonl lines 1-240, dialog/2026-12-03.jsonl line 1`` for pointers."""
+    parts = []
+    for s in spans:
+        if s.first_line == s.last_line:
+            parts.append(f"{s.file} line {s.first_line}")
+        else:
+            parts.append(f"{s.file} lines {s.first_line}-{s.last_line}")
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordResult:
+    written: int
+    first: LineRef | None  # first line written by this call
+    last: LineRef | None  # last line written by this call
+    chains: tuple[str, ...]  # chains of the messages (not including the answer)
+    answer_chain: str | None
+    branched: bool  # the new messages do not continue the session's newest archived one
+
+    @property
+    def last_chain(self) -> str | None:
+        """Chain of the newest message of this call (the answer when there was one)."""
+        if self.answer_chain is not None:
+            return self.answer_chain
+        return self.chains[-1] if self.chains else None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    tenant: str
+    session: str
+    chain: str
+    position: int
+    parent: str | None
+    role: str | None
+    file: str
+    line: int
+    ts: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DialogLine:
+    line: int  # 1-based physical line number in its file
+    record: dict[str, Any]
+
+
+class _Pending(NamedTuple):
+    pos: int
+    chain: str
+    parent: str | None
+    message: Any
+
+
+def _role(message: Any) -> str | None:
+    if isinstance(message, dict):
+        role = message.get("role")
+        if isinstance(role, str):
+            return role
+    return None
+
+
+def _line_json(obj: dict[str, Any]) -> bytes:
+    """One archive line without its terminator. Both encoders escape control characters, so
+    the only b"\n" in the file is the terminator the writer adds."""
+    try:
+        return orjson.dumps(obj)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(obj, ensure_ascii=True, default=str).encode("ascii")
+
+
+def _write_all(fd: int, parts: list[bytes]) -> int:
+    """Write ``parts`` in order with as few syscalls as possible; returns the byte count.
+
+    ``writev`` instead of joining: a history carrying megabytes of tool output would otherwise
+    be copied twice more (``+ b"\n"``, ``join``) before reaching the kernel. With ``O_APPEND``
+    each writev lands as one append; more parts than IOV_MAX take several, still whole lines in
+    order. A short write (disk full, signal) finishes with plain writes of the remainder.
+    """
+    total = 0
+    for start in range(0, len(parts), _IOV_MAX):
+        chunk = parts[start : start + _IOV_MAX]
+        want = sum(len(p) for p in chunk)
+        done = os.writev(fd, chunk)
+        if done < want:
+            rest = memoryview(b"".join(chunk))[done:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
+        total += want
+    return total
+
+
+def _count_newlines(fd: int, size: int) -> int:
+    count = 0
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, min(_COUNT_CHUNK, size - offset), offset)
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        offset += len(chunk)
+    return count
+
+
+def _iter_file(handle: BinaryIO, name: str) -> Iterator[DialogLine]:
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict):
+                yield DialogLine(number, obj)
+            elif not raw.endswith(b"\n"):
+                log.debug("%s: skipping torn last line %d", name, number)
+            else:
+                log.warning("%s: skipping corrupt line %d", name, number)
+
+
+def read_lines(path: Path) -> Iterator[DialogLine]:
+    """Parsed lines of one archive file with their line numbers (see module docstring for
+    what is skipped). Opens eagerly, so a missing file raises here, not on first ``next``."""
+    return _iter_file(open(path, "rb"), str(path))  # noqa: SIM115 - closed by the generator
+
+
+def read(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of one archive file."""
+    return (entry.record for entry in read_lines(path))
+
+
+# --- the archive -----------------------------------------------------------------------------
+
+_SELECT_KNOWN: Final = """SELECT chain FROM messages
+    WHERE tenant = ? AND session = ? AND chain IN (SELECT value FROM json_each(?))"""
+
+
+class DialogArchive:
+    """Append-only dialog archive with its index in the shared database."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        db: Database,
+        *,
+        fsync: bool = False,
+        digest_cache: DigestCacheLike | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.db = db
+        self.fsync = fsync
+        self.digest_cache = digest_cache
+
+    # --- writing ------------------------------------------------------------------------
+
+    def record(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Any],
+        *,
+        chains: Sequence[str] | None = None,
+        answer: dict[str, Any] | None = None,
+        now: datetime | None = None,
+    ) -> RecordResult:
+        """Archive the messages of a request (and the model's answer) not archived yet.
+
+        ``chains`` may be passed when the caller already computed them for this exact list.
+        ``answer`` is recorded at position ``len(messages)`` after the last message. Blocking
+        (disk + database lock): call it from a worker thread when on the event loop.
+        """
+        moment = utc(now)
+        path = dialog_file(self.data_dir, tenant, session, moment.date())
+        if chains is None:
+            chain_list = chain_hashes(messages, self.digest_cache)
+        else:
+            if len(chains) != len(messages):
+                raise ValueError(f"{len(chains)} chains for {len(messages)} messages")
+            chain_list = list(chains)
+        items = [
+            _Pending(i, chain_list[i], chain_list[i - 1] if i else None, m)
+            for i, m in enumerate(messages)
+        ]
+        answer_chain: str | None = None
+        if answer is not None:
+            parent = chain_list[-1] if chain_list else None
+            answer_chain = chain_step(parent, answer, self.digest_cache)
+            items.append(_Pending(len(messages), answer_chain, parent, answer))
+        frozen_chains = tuple(chain_list)
+        if not items:
+            return RecordResult(0, None, None, frozen_chains, answer_chain, False)
+
+        rel = f"{DIALOG_DIR}/{path.name}"
+        ts = format_ts(moment)
+        probe = orjson.dumps([it.chain for it in items]).decode()
+        # Check-then-append must be atomic, or two requests resending the same history would
+        # both write its new tail: the write transaction (thread lock + SQLite write lock, so
+        # across processes too) spans the index check, the file append and the index insert.
+        with self.db.transaction() as conn:
+            known = {row[0] for row in conn.execute(_SELECT_KNOWN, (tenant, session, probe))}
+            new = [it for it in items if it.chain not in known]
+            if not new:
+                return RecordResult(0, None, None, frozen_chains, answer_chain, False)
+            row = conn.execute(
+                "SELECT last_chain FROM sessions WHERE tenant = ? AND session = ?",
+                (tenant, session),
+            ).fetchone()
+            last = row[0] if row is not None else None
+            branched = last is not None and new[0].parent != last
+            lines = [
+                _line_json(
+                    {
+                        "v": ARCHIVE_VERSION,
+                        "ts": ts,
+                        "session": session,
+                        "pos": it.pos,
+                        "chain": it.chain,
+                        "parent": it.parent,
+                        "role": _role(it.message),
+                        "message": it.message,
+                    }
+                )
+                for it in new
+            ]
+            first_line = self._append(conn, tenant, session, rel, path, lines)
+            conn.executemany(
+                """INSERT OR REPLACE INTO messages
+                   (tenant, session, chain, position, parent, role, file, line, ts)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                [
+                    (
+                        tenant,
+                        session,
+                        it.chain,
+                        it.pos,
+                        it.parent,
+                        _role(it.message),
+                        rel,
+                        first_line + k,
+                        ts,
+                    )
+                    for k, it in enumerate(new)
+                ],
+            )
+            self.db.touch_session(
+                tenant, session, now=moment, messages=len(new), last_chain=new[-1].chain
+            )
+        if branched:
+            log.info("session %s/%s: history branched at position %d", tenant, session, new[0].pos)
+        return RecordResult(
+            written=len(new),
+            first=LineRef(rel, first_line),
+            last=LineRef(rel, first_line + len(new) - 1),
+            chains=frozen_chains,
+            answer_chain=answer_chain,
+            branched=branched,
+        )
+
+    def _append(
+        self,
+        conn: Any,
+        tenant: str,
+        session: str,
+        rel: str,
+        path: Path,
+        lines: list[bytes],
+    ) -> int:
+        """Append ``lines`` (JSON bodies, no terminator) as whole lines; returns the line number of the first. Caller holds the write
+        transaction, so nobody else appends to this file meanwhile."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            row = conn.execute(
+                "SELECT lines, size FROM dialog_files WHERE tenant = ? AND session = ? AND file = ?",
+                (tenant, session, rel),
+            ).fetchone()
+            if row is not None and row[1] == size:
+                count = int(row[0])
+            else:
+                # First append since this database knew the file, or it changed behind our back
+                # (torn write, restore): count once, then the counter carries on.
+                if row is not None:
+                    log.info("%s: size changed outside the index, recounting lines", path)
+                count = _count_newlines(fd, size)
+            prefix = b""
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                log.warning("%s: last line is torn; starting a new line after it", path)
+                prefix = b"\n"
+            parts = [prefix] if prefix else []
+            for body in lines:
+                parts += (body, b"\n")
+            written = _write_all(fd, parts)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        count += len(prefix)
+        conn.execute(
+            """INSERT INTO dialog_files (tenant, session, file, lines, size)
+               VALUES (?, ?, ?, ?, ?)
+               ON CONFLICT (tenant, session, file) DO UPDATE SET
+                   lines = excluded.lines, size = excluded.size""",
+            (tenant, session, rel, count + len(lines), size + written),
+        )
+        return count + 1
+
+    # --- index queries ------------------------------------------------------------------
+
+    def lookup(self, tenant: str, session: str, chain: str) -> IndexEntry | None:
+        with self.db.connect() as conn:
+            row = conn.execute(
+                "SELECT * FROM messages WHERE tenant = ? AND session = ? AND chain = ?",
+                (tenant, session, chain),
+            ).fetchone()
+        if row is None:
+            return None
+        return IndexEntry(
+            tenant=row["tenant"],
+            session=row["session"],
+            chain=row["chain"],
+            position=row["position"],
+            parent=row["parent"],
+            role=row["role"],
+            file=row["file"],
+            line=row["line"],
+            ts=parse_ts(row["ts"]),
+        )
+
+    def known(self, tenant: str, session: str, chains: Sequence[str]) -> set[str]:
+        """Which of ``chains`` are archived for this session (one query)."""
+        if not chains:
+            return set()
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                _SELECT_KNOWN, (tenant, session, orjson.dumps(list(chains)).decode())
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def span(
+        self, tenant: str, session: str, chains: Sequence[str], *, exact: bool = False
+    ) -> list[FileSpan]:
+        """File ranges covering the archived lines of ``chains`` (unknown chains are ignored),
+        in file (= date) order.
+
+        By default one ``(file, first, last)`` per file, the range a summary's pointer names;
+        lines of other branches may lie inside it. ``exact=True`` gives maximal runs of
+        consecutive lines that all belong to ``chains``.
+        """
+        if not chains:
+            return []
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                """SELECT file, line FROM messages
+                   WHERE tenant = ? AND session = ?
+                     AND chain IN (SELECT value FROM json_each(?))
+                   ORDER BY file, line""",
+                (tenant, session, orjson.dumps(list(chains)).decode()),
+            ).fetchall()
+        spans: list[FileSpan] = []
+        for file, line in rows:
+            if spans and spans[-1].file == file and (not exact or line == spans[-1].last_line + 1):
+                spans[-1] = spans[-1]._replace(last_line=line)
+            else:
+                spans.append(FileSpan(file, line, line))
+        return spans
+
+    # --- reading ------------------------------------------------------------------------
+
+    def dialog_files(self, tenant: str, session: str) -> list[str]:
+        """Archive file names (``YYYY-MM-DD.jsonl``) of a session, oldest first. Symlinks and
+        anything not named like an archive file are ignored."""
+        directory = dialog_dir(self.data_dir, tenant, session)
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            return []
+        return sorted(
+            e.name
+            for e in entries
+            if _DIALOG_NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False)
+        )
+
+    def dialog_path(self, tenant: str, session: str, day: date | str) -> Path:
+        """Path of one day's file; ``day`` is a date or a name like ``2026-12-02.jsonl``."""
+        return dialog_file(self.data_dir, tenant, session, day)
+
+    def read_dialog_lines(self, tenant: str, session: str, day: date | str) -> Iterator[DialogLine]:
+        """Numbered records of one day's file; a chain already seen in the file (re-written
+        after a crash between append and commit) is yielded only the first time."""
+        path = self.dialog_path(tenant, session, day)
+        if path.is_symlink():
+            raise FileNotFoundError(path)
+        return _unique(read_lines(path))
+
+    def read_dialog(self, tenant: str, session: str, day: date | str) -> Iterator[dict[str, Any]]:
+        return (entry.record for entry in self.read_dialog_lines(tenant, session, day))
+
+    def today_file(self, now: datetime | None = None) -> str:
+        return f"{DIALOG_DIR}/{dialog_filename(utc(now).date())}"
+
+    # --- sessions -----------------------------------------------------------------------
+
+    def sessions(self, tenant: str | None = None) -> list[SessionRow]:
+        if tenant is not None:
+            check_name(tenant, "tenant")
+        return self.db.sessions(tenant)
+
+    def session_stats(self, tenant: str, session: str) -> SessionRow | None:
+        return self.db.session_stats(tenant, session)
+
+
+def _unique(lines: Iterator[DialogLine]) -> Iterator[DialogLine]:
+    seen: set[str] = set()
+    for entry in lines:
+        chain = entry.record.get("chain")
+        if isinstance(chain, str):
+            if chain in seen:
+                continue
+            seen.add(chain)
+        yield entry
