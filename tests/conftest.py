@@ -9,6 +9,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import Config, config_from_mapping
+from proxy.store.db import Database
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.servers import ServerThread, serve_in_thread
 
@@ -74,3 +75,16 @@ def make_proxy(
 @pytest.fixture
 def proxy(make_proxy: ProxyFactory) -> ServerThread:
     return make_proxy()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def db(data_dir: Path) -> Iterator[Database]:
+    """The one SQLite database, as the app opens it under data_dir."""
+    database = Database.in_dir(data_dir)
+    yield database
+    database.close()

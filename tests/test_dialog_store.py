@@ -6,7 +6,6 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -40,18 +39,6 @@ from proxy.store.paths import (
 
 T, S = "t-0123456789abcdef", "sess-1"
 NOW = datetime(2026, 12, 2, 10, 15, 30, tzinfo=UTC)
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return tmp_path / "data"
-
-
-@pytest.fixture
-def db(data_dir: Path) -> Iterator[Database]:
-    database = Database.in_dir(data_dir)
-    yield database
-    database.close()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -17,18 +16,6 @@ from proxy.store.summaries import SummaryRecord, SummaryStore
 
 T, S = "anon", "s-abc"
 NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return tmp_path / "data"
-
-
-@pytest.fixture
-def db(data_dir: Path) -> Iterator[Database]:
-    database = Database.in_dir(data_dir)
-    yield database
-    database.close()
 
 
 @pytest.fixture
