@@ -2,7 +2,8 @@
 
     python bench/offload.py [--repeats 20]
 
-Runs the real pipeline (the app's default stages) in-process over the history as a client
+Runs the real pipeline (the app's default stages: offload, compact, validate, count, with the
+dialog archive written first, as the route does) in-process over the history as a client
 resends it: the first request (cuts and writes every file), then repeats of the same history
 (must write nothing and cost little), and prints ms per request, files written, and bytes the
 client sent vs bytes forwarded.
@@ -16,16 +17,15 @@ import random
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from proxy.app import default_stages
 from proxy.config import config_from_mapping
+from proxy.persist import chains_for, record_request
 from proxy.pipeline import RequestView, run_pipeline
+from proxy.runtime import close_runtime, open_runtime
 from proxy.session import Identity
-from proxy.store.tool_results import ToolResultStore
 
 
 def history(seed: int = 7) -> list[dict[str, Any]]:
@@ -51,8 +51,8 @@ def history(seed: int = 7) -> list[dict[str, Any]]:
 async def measure(repeats: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config_from_mapping({"storage": {"data_dir": tmp}})
-        store = ToolResultStore(Path(tmp), cfg.storage.tool_result_ttl_days)
-        stages = default_stages(cfg, store)
+        rt = await open_runtime(cfg)
+        rt.counter.counter.preload(("gpt-4o",))
         msgs = history()
         body = orjson.dumps({"model": "gpt-4o", "messages": msgs})
         ident = Identity("t-bench", "s-bench", None)
@@ -60,8 +60,10 @@ async def measure(repeats: int) -> None:
         async def one() -> tuple[float, float, dict[str, int], int]:
             t0 = time.perf_counter()
             parsed = orjson.loads(body)
-            view = RequestView("gpt-4o", parsed, ident)
-            result = await run_pipeline(stages, parsed["messages"], view)
+            chains = chains_for(rt, parsed["messages"])
+            await record_request(rt, ident, parsed["messages"], chains)
+            view = RequestView("gpt-4o", parsed, ident, chains)
+            result = await run_pipeline(rt.stages, parsed["messages"], view)
             out = orjson.dumps({**parsed, "messages": result.messages}) if result.changed else body
             total = (time.perf_counter() - t0) * 1000
             return result.elapsed_ms, total, dict(result.stats), len(out)
@@ -80,7 +82,9 @@ async def measure(repeats: int) -> None:
               f"   (median of {repeats}; p99 pipeline {max(r[0] for r in reps):.2f} ms)")
         print(f"bytes sent {len(body)} -> forwarded {reps[0][3]} "
               f"({reps[0][3] / len(body) * 100:.1f}%); offloaded {reps[0][2].get('offloaded')}, "
-              f"aged turns {reps[0][2].get('aged_turns')}")
+              f"aged turns {reps[0][2].get('aged_turns')}; tokens {reps[0][2].get('tokens_in')} "
+              f"-> {reps[0][2].get('tokens_out')}")
+        await close_runtime(rt)
 
 
 def main() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
@@ -16,16 +15,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .access import AccessLog
+from .chat import ChatCompletions
 from .config import Config
 from .errors import ProxyError, envelope
 from .pipeline import Stage
-from .pipeline.offload import OffloadStage
 from .relay import Receive, Scope, Send, send_error
-from .routes import ChatCompletions, Health, Models, PassThrough
-from .runtime import Runtime
-from .store.tool_results import ToolResultStore
-from .upstream.http import Upstream
-from .upstream.litellm_route import LitellmRouter
+from .routes import Health, Models, PassThrough
+from .runtime import close_runtime, open_runtime
 
 log = logging.getLogger("proxy")
 
@@ -54,24 +50,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return _json(500, envelope("internal proxy error", "server_error", None, "internal_error"))
-
-
-GC_INTERVAL_S = 3600.0
-
-
-def default_stages(config: Config, tool_results: ToolResultStore) -> list[Stage]:
-    """The pipeline, in order."""
-    return [OffloadStage(config.offload, config.retrieval, tool_results)]
-
-
-async def _gc_loop(store: ToolResultStore, interval: float) -> None:
-    """Delete expired offloaded files at start-up and then periodically, off the event loop."""
-    while True:
-        try:
-            await asyncio.to_thread(store.gc)
-        except Exception:
-            log.exception("periodic gc failed")
-        await asyncio.sleep(interval)
 
 
 Endpoint = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -118,25 +96,11 @@ class Proxy:
 def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> AccessLog:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
-        upstream = Upstream(config.upstream)
-        await upstream.start()
-        tool_results = ToolResultStore(config.storage.data_dir, config.storage.tool_result_ttl_days)
-        gc_task = asyncio.create_task(_gc_loop(tool_results, GC_INTERVAL_S))
-        router = LitellmRouter(
-            [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
-        )
-        runtime = Runtime(
-            config=config,
-            upstream=upstream,
-            router=router,
-            stages=list(stages) if stages is not None else default_stages(config, tool_results),
-            max_body=int(config.server.max_body_mb * 1024 * 1024),
-        )
+        runtime = await open_runtime(config, stages)
         try:
             yield {"runtime": runtime}
         finally:
-            gc_task.cancel()
-            await upstream.close()
+            await close_runtime(runtime)
 
     chat = ChatCompletions()
     passthrough = PassThrough()

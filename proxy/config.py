@@ -130,6 +130,9 @@ class CompactionConfig(_Section):
     precompact_ratio: float = Field(
         0.6, gt=0, le=1, description="From this share of the window, compute the summary early."
     )
+    summarizer_timeout_s: float = Field(
+        120, gt=0, description="Longest wait for one summarizer call before the fallback."
+    )
     context_windows: dict[str, int] = Field(
         default_factory=dict, description="Context window per model name, overriding the map."
     )

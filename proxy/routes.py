@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from .errors import BadRequest, ProxyError
-from .pipeline import PipelineResult, RequestView, run_pipeline
+from .pipeline import PipelineResult
 from .relay import (
     JSON_CT,
     Headers,
@@ -24,7 +23,7 @@ from .relay import (
     timing_of,
 )
 from .runtime import Runtime
-from .session import Identity, resolve
+from .session import Identity
 from .upstream.http import response_headers
 
 log = logging.getLogger("proxy.access")
@@ -71,76 +70,6 @@ def ctx_headers(identity: Identity, result: PipelineResult, raw: bytes, out: byt
         (b"x-ctxproxy-offloaded", str(stats.get("offloaded", 0)).encode()),
         (b"x-ctxproxy-compacted", b"1" if stats.get("compacted", 0) else b"0"),
     ]
-
-
-class ChatCompletions:
-    """POST /v1/chat/completions and /chat/completions."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rt = runtime_of(scope)
-        raw = await read_body(scope, receive, rt.max_body)
-        body = parse_chat(raw)
-        headers = header_map(scope)
-        identity = resolve(headers, body)
-        model: str = body["model"]
-        view = RequestView(model=model, body=body, identity=identity)
-        result = await run_pipeline(rt.stages, body["messages"], view)
-        if result.changed:
-            body = {**body, "messages": result.messages}
-            out = orjson.dumps(body)
-        else:
-            out = raw  # nothing changed: the upstream gets the client's bytes exactly
-        extra = ctx_headers(identity, result, raw, out)
-        params = rt.router.match(model)
-        if params is not None:
-            work = self._via_litellm(rt, params, body, extra, scope, send)
-        else:
-            work = self._via_upstream(rt, scope, send, out, extra)
-        if await run_until_disconnect(receive, work):
-            log.info("client disconnected; upstream call cancelled (session %s)", identity.session)
-
-    async def _via_upstream(
-        self, rt: Runtime, scope: Scope, send: Send, out: bytes, extra: Headers
-    ) -> None:
-        up = rt.upstream
-        timing = timing_of(scope)
-        resp = await up.send(
-            "POST", up.url("chat/completions", scope.get("query_string", b"")),
-            up.request_headers(scope["headers"]), out,
-        )
-        timing.mark()
-        async with resp:
-            headers = response_headers(resp) + extra
-            if resp.content_type == _SSE:
-                await relay_stream(send, resp, headers, sse=True)
-            else:
-                await relay_buffered(send, resp, headers)
-
-    async def _via_litellm(
-        self,
-        rt: Runtime,
-        params: Mapping[str, Any],
-        body: dict[str, Any],
-        extra: Headers,
-        scope: Scope,
-        send: Send,
-    ) -> None:
-        timing = timing_of(scope)
-        answer = await rt.router.complete(params, body)
-        timing.mark()
-        if answer.chunks is not None:
-            headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-            await send(
-                {"type": "http.response.start", "status": answer.status, "headers": headers + extra}
-            )
-            async for chunk in answer.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
-        payload = answer.body or b""
-        headers = [JSON_CT, (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": answer.status, "headers": headers + extra})
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
 class PassThrough:
@@ -213,4 +142,4 @@ class Health:
         await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-__all__ = ["ChatCompletions", "Health", "Models", "PassThrough", "send_error"]
+__all__ = ["Health", "Models", "PassThrough", "ctx_headers", "parse_chat", "send_error"]

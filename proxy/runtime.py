@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import asyncio
+import logging
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from .compaction.client import SummarizerClient
+from .compaction.engine import CompactStage
 from .config import Config
+from .models import ContextWindows
 from .pipeline import Stage
+from .pipeline.count import CountStage, RequestCounter
+from .pipeline.offload import OffloadStage
+from .pipeline.tokens import TokenCounter
+from .pipeline.validate import ValidateStage
+from .store.db import Database
+from .store.dialog import DialogArchive, DigestCache
+from .store.summaries import SummaryStore
+from .store.tool_results import ToolResultStore
+from .tokenizer_data import ensure_tiktoken_offline
 from .upstream.http import Upstream
 from .upstream.litellm_route import LitellmRouter
+
+log = logging.getLogger("proxy")
+
+GC_INTERVAL_S = 3600.0
 
 
 @dataclass(slots=True)
@@ -18,3 +37,101 @@ class Runtime:
     router: LitellmRouter
     stages: Sequence[Stage]
     max_body: int
+    tool_results: ToolResultStore
+    counter: RequestCounter
+    db: Database | None = None
+    archive: DialogArchive | None = None
+    summaries: SummaryStore | None = None
+    compact: CompactStage | None = None
+    summarizer: SummarizerClient | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    gc_task: asyncio.Task[None] | None = None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run work after the response (persisting): tracked so shutdown can wait for it."""
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background task failed: %r", task.exception())
+
+
+async def _gc_loop(store: ToolResultStore, interval: float) -> None:
+    """Delete expired offloaded files at start-up and then periodically, off the event loop."""
+    while True:
+        try:
+            await asyncio.to_thread(store.gc)
+        except Exception:
+            log.exception("periodic gc failed")
+        await asyncio.sleep(interval)
+
+
+def _open_db(config: Config) -> Database | None:
+    try:
+        return Database.in_dir(config.storage.data_dir)
+    except Exception as exc:  # a broken disk must not stop the proxy: it forwards without
+        log.error("cannot open the database under %s (%s): dialog archive and compaction are "
+                  "off", config.storage.data_dir, exc)
+        return None
+
+
+async def open_runtime(config: Config, stages: Sequence[Stage] | None = None) -> Runtime:
+    upstream = Upstream(config.upstream)
+    await upstream.start()
+    router = LitellmRouter(
+        [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
+    )
+    tool_results = ToolResultStore(config.storage.data_dir, config.storage.tool_result_ttl_days)
+    ensure_tiktoken_offline()
+    counter = RequestCounter(TokenCounter())
+    rt = Runtime(
+        config=config, upstream=upstream, router=router, stages=(),
+        max_body=int(config.server.max_body_mb * 1024 * 1024),
+        tool_results=tool_results, counter=counter,
+    )
+    offload = OffloadStage(config.offload, config.retrieval, tool_results)
+    db = await asyncio.to_thread(_open_db, config)
+    built: list[Stage] = [offload]
+    if db is not None:
+        rt.db = db
+        rt.archive = DialogArchive(config.storage.data_dir, db, digest_cache=DigestCache())
+        rt.summaries = SummaryStore(db, config.storage.data_dir)
+        windows = ContextWindows(config.compaction.context_windows)
+        rt.summarizer = SummarizerClient(
+            upstream, router, model=config.compaction.model,
+            timeout_s=config.compaction.summarizer_timeout_s,
+        )
+        rt.compact = CompactStage(
+            config.compaction, counter=counter, windows=windows, summaries=rt.summaries,
+            archive=rt.archive, client=rt.summarizer, offload=offload,
+            old_max_bytes=config.offload.old_max_bytes,
+            read_tool=config.retrieval.tool_name if config.retrieval.mode == "proxy" else None,
+        )
+        built.append(rt.compact)
+        # The encoding (~0.5 s) and the window map load off the start-up path.
+        rt.spawn(asyncio.to_thread(_warm, counter, windows))
+    built += [ValidateStage(), CountStage(counter)]
+    rt.stages = list(stages) if stages is not None else built
+    rt.gc_task = asyncio.create_task(_gc_loop(tool_results, GC_INTERVAL_S))
+    return rt
+
+
+def _warm(counter: RequestCounter, windows: ContextWindows) -> None:
+    counter.counter.preload(("gpt-4o", "gpt-4"))
+    windows.load()
+
+
+async def close_runtime(rt: Runtime) -> None:
+    if rt.compact is not None:
+        await rt.compact.close()
+    if rt.gc_task is not None:
+        rt.gc_task.cancel()
+    pending = [t for t in rt.tasks if not t.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=10)
+    await rt.upstream.close()
+    if rt.db is not None:
+        rt.db.close()

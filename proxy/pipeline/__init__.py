@@ -27,8 +27,10 @@ class RequestView:
     """What a stage may read about the request besides its messages."""
 
     model: str
-    body: Mapping[str, Any]
+    body: Mapping[str, Any]  # as the client sent it: body["messages"] are the originals
     identity: Identity
+    chains: Sequence[str] = ()  # chain hash per original message (see store.dialog)
+    headers: Sequence[tuple[bytes, bytes]] = ()  # the client's, for calls made on its behalf
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..config import OffloadConfig, ReadTool, RetrievalConfig
+from ..session import Identity
 from ..store.tool_results import ToolResultStore, relative_path, result_id
 from . import Message, RequestView, StageOutcome, ageing
 from .notice import parse_notice
@@ -192,6 +193,32 @@ class OffloadStage:
         later = min(size, self._budget(False, md))
         return max(now - later, 0)
 
+    def harder(self, messages: list[Message], identity: Identity, budget: int) -> list[Message]:
+        """The last resort when even the newest turn is over budget: cut every tool result
+        down to `budget`, offloading any that had not been (a message's own text is then
+        its original)."""
+        out = list(messages)
+        for i, m in enumerate(messages):
+            if m.get("role") not in ("tool", "function"):
+                continue
+            text = _text_of(m.get("content"))
+            if text is None or 4 * len(text) <= budget:
+                continue
+            if parse_notice(text) is not None:
+                new = recut(text, budget)
+            else:
+                entry = self._entry(identity.tenant, identity.session, text)
+                new = self._cut(entry, text, budget, None)
+                if new is not None:
+                    try:
+                        self.store.save(identity.tenant, identity.session, entry.rid, text)
+                    except (OSError, ValueError) as exc:
+                        log.warning("offload: cannot save tool result (%s)", _why(exc))
+                        new = None
+            if new is not None:
+                out[i] = _with_text(m, new)
+        return out
+
     # -- the stage -------------------------------------------------------------------------
 
     def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
@@ -244,7 +271,7 @@ class OffloadStage:
                 offloaded += 1
                 saved += len(text) - len(new)
         changed = offloaded > 0
-        stats = {"offloaded": offloaded, "files_written": written, "offload_errors": errors,
+        stats: dict[str, int] = {"offloaded": offloaded, "files_written": written, "offload_errors": errors,
                  "offload_chars_saved": saved, "aged_turns": aged_upto}
         return StageOutcome(out if changed else messages, changed, stats)
 

@@ -44,12 +44,15 @@ are shallow copies. The input list and its dicts are never mutated.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 # Same alias as proxy.pipeline.Message, restated so that proxy.pipeline may import this module
 # without an import cycle.
+_log = logging.getLogger("proxy.pipeline")
+
 Message = dict[str, Any]
 
 __all__ = ["PLACEHOLDER", "Validation", "is_valid", "validate"]
@@ -217,3 +220,17 @@ def _repair_calls(message: Message, index: int, repairs: list[str]) -> Message:
             # The API requires content on an assistant message without tool calls.
             fixed["content"] = ""
     return fixed
+
+
+class ValidateStage:
+    """Runs before every forward: no orphaned result or unanswered call reaches the provider."""
+
+    name = "validate"
+
+    def __call__(self, messages: list[Message], request: object) -> Any:
+        from . import StageOutcome  # the package imports stages, not the other way round
+
+        result = validate(messages)
+        if result.changed:
+            _log.warning("repaired the message list before forwarding: %s", "; ".join(result.repairs))
+        return StageOutcome(result.messages, result.changed, {"repairs": len(result.repairs)})

@@ -1,0 +1,115 @@
+"""POST /v1/chat/completions: parse, session, persist, pipeline, forward, persist the answer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from .persist import AnswerTap, chains_for, record_answer_later, record_request
+from .pipeline import RequestView, run_pipeline
+from .relay import (
+    JSON_CT,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    relay_buffered,
+    relay_stream,
+    run_until_disconnect,
+    timing_of,
+)
+from .routes import ctx_headers, header_map, parse_chat, runtime_of
+from .runtime import Runtime
+from .session import resolve
+from .upstream.http import response_headers
+
+log = logging.getLogger("proxy.access")
+
+_SSE = "text/event-stream"
+
+
+class ChatCompletions:
+    """POST /v1/chat/completions and /chat/completions."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rt = runtime_of(scope)
+        raw = await read_body(scope, receive, rt.max_body)
+        body = parse_chat(raw)
+        headers = header_map(scope)
+        identity = resolve(headers, body)
+        model: str = body["model"]
+        sent = body["messages"]
+        chains = chains_for(rt, sent)
+        await record_request(rt, identity, sent, chains)
+        view = RequestView(
+            model=model, body=body, identity=identity, chains=chains, headers=scope["headers"]
+        )
+        result = await run_pipeline(rt.stages, sent, view)
+        if result.changed:
+            body = {**body, "messages": result.messages}
+            out = orjson.dumps(body)
+        else:
+            out = raw  # nothing changed: the upstream gets the client's bytes exactly
+        extra = ctx_headers(identity, result, raw, out)
+        tap = AnswerTap()
+        params = rt.router.match(model)
+        if params is not None:
+            work = self._via_litellm(rt, params, body, extra, scope, send, tap)
+        else:
+            work = self._via_upstream(rt, scope, send, out, extra, tap)
+        try:
+            if await run_until_disconnect(receive, work):
+                log.info("client disconnected; upstream call cancelled (session %s)", identity.session)
+        finally:
+            record_answer_later(rt, identity, sent, chains, tap, result.stats)
+
+    async def _via_upstream(
+        self, rt: Runtime, scope: Scope, send: Send, out: bytes, extra: Headers, tap: AnswerTap
+    ) -> None:
+        up = rt.upstream
+        timing = timing_of(scope)
+        resp = await up.send(
+            "POST", up.url("chat/completions", scope.get("query_string", b"")),
+            up.request_headers(scope["headers"]), out,
+        )
+        timing.mark()
+        async with resp:
+            headers = response_headers(resp) + extra
+            ok = resp.status == 200
+            if resp.content_type == _SSE:
+                await relay_stream(send, resp, headers, sse=True, tap=tap.stream if ok else None)
+            else:
+                await relay_buffered(send, resp, headers, tap=tap.whole if ok else None)
+
+    async def _via_litellm(
+        self,
+        rt: Runtime,
+        params: Mapping[str, Any],
+        body: dict[str, Any],
+        extra: Headers,
+        scope: Scope,
+        send: Send,
+        tap: AnswerTap,
+    ) -> None:
+        timing = timing_of(scope)
+        answer = await rt.router.complete(params, body)
+        timing.mark()
+        if answer.chunks is not None:
+            headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+            await send(
+                {"type": "http.response.start", "status": answer.status, "headers": headers + extra}
+            )
+            async for chunk in answer.chunks:
+                tap.stream(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        payload = answer.body or b""
+        tap.whole(payload)
+        headers = [JSON_CT, (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers + extra})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})

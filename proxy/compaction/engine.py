@@ -1,0 +1,328 @@
+"""The compaction stage: keep the request under the context threshold (SPEC section 5).
+
+Per request, statelessly from the history plus the summary cache:
+
+1. The newest cached summary whose replaced messages (by chain hash) open this history is
+   applied: leading system messages, the summary message, the messages after it. A cached
+   summary is only ever created when a request crossed the threshold, so applying it is what
+   that request did too: the same history forwards the same bytes.
+2. If that is still over `threshold = threshold_ratio x window - reserved output`, the oldest
+   un-summarized turns are evicted (the kept suffix fits `keep_recent_ratio x window`, split on
+   turn boundaries) and merged with the previous summary in one summarizer call, shared by
+   every concurrent request that needs the same compaction (single flight).
+3. Past `precompact_ratio`, the compaction the threshold will need is computed in the
+   background and kept in memory, so the request that crosses the threshold pays no
+   summarizer latency; it is persisted only when a request actually uses it.
+4. If even the kept suffix is over the threshold, its tool outputs are re-cut harder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ..config import CompactionConfig
+from ..models import ContextWindows
+from ..pipeline import Message, RequestView, StageOutcome
+from ..pipeline.count import RequestCounter
+from ..pipeline.offload import OffloadStage
+from ..pipeline.turns import leading_system_count, split
+from ..store.dialog import DialogArchive
+from ..store.summaries import SummaryRecord, SummaryStore
+from .client import Complete, SummarizerClient
+from .summarizer import summarize, summary_message
+
+log = logging.getLogger("proxy.pipeline")
+
+# Prepared summaries hold their evicted messages until used; bound the memory they pin.
+_PREPARED_LIMIT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    window: int
+    threshold: int
+    keep: int
+    pre: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One compaction: replace messages[head:cut] (merging `previous`) by a summary."""
+
+    head: int
+    start: int
+    cut: int
+    cut_chain: str
+    previous: SummaryRecord | None
+
+
+FlightKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    plan: Plan
+    task: asyncio.Task[SummaryRecord]
+
+
+class CompactStage:
+    name = "compact"
+
+    def __init__(
+        self,
+        config: CompactionConfig,
+        *,
+        counter: RequestCounter,
+        windows: ContextWindows,
+        summaries: SummaryStore,
+        archive: DialogArchive,
+        client: SummarizerClient,
+        offload: OffloadStage | None,
+        old_max_bytes: int,
+        read_tool: str | None,
+    ) -> None:
+        self.config = config
+        self.counter = counter
+        self.windows = windows
+        self.summaries = summaries
+        self.archive = archive
+        self.client = client
+        self.offload = offload
+        self.old_max_bytes = old_max_bytes
+        self.read_tool = read_tool
+        self._flights: dict[FlightKey, asyncio.Future[SummaryRecord]] = {}
+        self._prepared: OrderedDict[FlightKey, Prepared] = OrderedDict()
+        self.compactions = 0
+        self.precompactions = 0
+
+    # -- budget ------------------------------------------------------------------------------
+
+    def budget(self, request: RequestView) -> Budget:
+        window = self.windows.window(request.model)
+        reserved = 0
+        for field in ("max_completion_tokens", "max_tokens"):
+            value = request.body.get(field)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                reserved = value
+                break
+        reserved = min(reserved, window // 4)
+        c = self.config
+        return Budget(
+            window=window,
+            threshold=int(c.threshold_ratio * window) - reserved,
+            keep=int(c.keep_recent_ratio * window),
+            pre=int(c.precompact_ratio * window) - reserved,
+        )
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _apply(self, messages: list[Message], rec: SummaryRecord | None, head: int) -> list[Message]:
+        if rec is None:
+            return messages
+        summary = summary_message(rec.text, pointer=rec.pointer, tool_name=self.read_tool)
+        return [*messages[:head], summary, *messages[rec.upto :]]
+
+    def _count(self, messages: Sequence[Message], request: RequestView) -> int:
+        tools = request.body.get("tools")
+        return self.counter.request(messages, request.model, tools if isinstance(tools, list) else None)
+
+    def _plan(
+        self, messages: list[Message], request: RequestView, rec: SummaryRecord | None,
+        head: int, keep: int,
+    ) -> Plan | None:
+        start = rec.upto if rec is not None else head
+        view = [*messages[:head], *messages[start:]]
+        found = split(view, lambda m: self.counter.message(m, request.model), keep)
+        if found is None:
+            return None
+        cut = start + (found.cut - head)
+        if cut <= start:
+            return None
+        return Plan(head, start, cut, request.chains[cut - 1], rec)
+
+    def _summarize(
+        self, plan: Plan, request: RequestView, tokens_before: int
+    ) -> Coroutine[Any, Any, SummaryRecord]:
+        """The summarizer coroutine for `plan`, holding only what it needs of the request
+        (a prepared one may wait in memory for a while)."""
+        return self._summarize_parts(
+            plan,
+            request.identity.tenant,
+            request.identity.session,
+            list(request.body["messages"][plan.start : plan.cut]),
+            list(request.chains[plan.head : plan.cut]),
+            self.client.completer(request.model, request.headers),
+            self.config.model or request.model,
+            tokens_before,
+        )
+
+    async def _summarize_parts(
+        self,
+        plan: Plan,
+        tenant: str,
+        session: str,
+        evicted: list[Any],
+        replaced_chains: list[str],
+        complete: Complete,
+        model: str,
+        tokens_before: int,
+    ) -> SummaryRecord:
+        previous = plan.previous.text if plan.previous is not None else None
+        outcome = await summarize(complete, previous, evicted)
+        if outcome.source == "fallback":
+            log.warning("summarizer failed (%s); using a deterministic summary", outcome.error)
+        spans = await asyncio.to_thread(self.archive.span, tenant, session, replaced_chains)
+        return SummaryRecord(
+            tenant=tenant,
+            session=session,
+            chain=plan.cut_chain,
+            head=plan.head,
+            upto=plan.cut,
+            text=outcome.text,
+            source=outcome.source,
+            model=model if outcome.source == "model" else None,
+            created_at=datetime.now(UTC),
+            tokens_before=tokens_before,
+            tokens_after=0,
+            previous_chain=plan.previous.chain if plan.previous is not None else None,
+            span=tuple(spans),
+        )
+
+    async def _persisted(self, plan: Plan, request: RequestView, tokens: int) -> SummaryRecord:
+        """The stored summary for `plan`: from a prepared one, a running call, or a new call."""
+        ident = request.identity
+        key = (ident.tenant, ident.session, plan.cut_chain)
+        flight = self._flights.get(key)
+        if flight is not None:
+            return await asyncio.shield(flight)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[SummaryRecord] = loop.create_future()
+        self._flights[key] = future
+        try:
+            prepared = self._prepared.pop(key, None)
+            if prepared is not None:
+                record = await prepared.task
+            else:
+                record = await self._summarize(plan, request, tokens)
+            stored = await asyncio.to_thread(self.summaries.put, record)
+            self.compactions += 1
+            future.set_result(stored)
+            return stored
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: waiters get it, nobody else must
+            raise
+        finally:
+            self._flights.pop(key, None)
+
+    def _prepare(self, plan: Plan, request: RequestView, tokens: int) -> None:
+        ident = request.identity
+        key = (ident.tenant, ident.session, plan.cut_chain)
+        if key in self._prepared or key in self._flights:
+            return
+        task = asyncio.ensure_future(self._summarize(plan, request, tokens))
+        task.add_done_callback(_quiet)
+        self._prepared[key] = Prepared(plan, task)
+        self.precompactions += 1
+        while len(self._prepared) > _PREPARED_LIMIT:
+            _, old = self._prepared.popitem(last=False)
+            old.task.cancel()
+
+    def _prepared_plan(self, request: RequestView, rec: SummaryRecord | None, n: int) -> Plan | None:
+        """A background compaction prepared from this history's current state, if any."""
+        ident = request.identity
+        prev = rec.chain if rec is not None else None
+        for (tenant, session, chain), prepared in reversed(self._prepared.items()):
+            plan = prepared.plan
+            if (tenant, session) != (ident.tenant, ident.session) or plan.cut > n:
+                continue
+            if request.chains[plan.cut - 1] != chain:
+                continue
+            if (plan.previous.chain if plan.previous is not None else None) != prev:
+                continue
+            return plan
+        return None
+
+    # -- the stage ---------------------------------------------------------------------------
+
+    async def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
+        if not self.config.enabled or len(request.chains) != len(messages) or not messages:
+            return StageOutcome(messages, False)
+        ident = request.identity
+        head = leading_system_count(messages)
+        budget = self.budget(request)
+        rec = await asyncio.to_thread(
+            self.summaries.find_latest, ident.tenant, ident.session, list(request.chains)
+        )
+        if rec is not None and not (
+            rec.upto <= len(messages) and rec.head == head and request.chains[rec.upto - 1] == rec.chain
+        ):
+            rec = None
+        applied = self._apply(messages, rec, head)
+        tokens = self._count(applied, request)
+        compacted_now = 0
+        for _ in range(2):  # a prepared compaction may be one step short: then go again
+            if tokens <= budget.threshold:
+                break
+            plan = self._prepared_plan(request, rec, len(messages)) or self._plan(
+                messages, request, rec, head, budget.keep
+            )
+            if plan is None:
+                break
+            rec = await self._persisted(plan, request, tokens)
+            compacted_now = 1
+            applied = self._apply(messages, rec, head)
+            tokens = self._count(applied, request)
+        if tokens > budget.threshold and self.offload is not None:
+            applied, tokens = self._last_resort(applied, request, budget, rec, head)
+        elif tokens > budget.pre and compacted_now == 0:
+            plan = self._plan(messages, request, rec, head, budget.keep)
+            if plan is not None:
+                self._prepare(plan, request, tokens)
+        stats = {
+            "compacted": int(rec is not None),
+            "compactions": compacted_now,
+            "tokens_budget": budget.threshold,
+        }
+        return StageOutcome(applied, rec is not None or applied is not messages, stats)
+
+    def _last_resort(
+        self, applied: list[Message], request: RequestView, budget: Budget,
+        rec: SummaryRecord | None, head: int,
+    ) -> tuple[list[Message], int]:
+        """Even the newest turn is over budget: re-cut its tool outputs harder, never refuse."""
+        assert self.offload is not None
+        tokens = self._count(applied, request)
+        for size in (self.old_max_bytes, 1024):
+            applied = self.offload.harder(applied, request.identity, size)
+            tokens = self._count(applied, request)
+            if tokens <= budget.threshold:
+                break
+        else:
+            log.warning(
+                "request still over the threshold after compaction (%d > %d tokens); forwarding",
+                tokens, budget.threshold,
+            )
+        return applied, tokens
+
+    async def close(self) -> None:
+        tasks = [p.task for p in self._prepared.values()]
+        self._prepared.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except BaseException:
+                pass
+
+
+def _quiet(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("background pre-compaction failed: %r", task.exception())

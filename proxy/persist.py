@@ -1,0 +1,100 @@
+"""Persisting a request: the dialog received (before forwarding) and the answer (after)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .runtime import Runtime
+from .session import Identity
+from .store.dialog import chain_hashes
+from .upstream.assemble import StreamAssembler, message_from_completion
+
+log = logging.getLogger("proxy.store")
+
+
+class AnswerTap:
+    """Sees the answer's bytes as they pass to the client, to archive it assembled."""
+
+    __slots__ = ("assembler", "body")
+
+    def __init__(self) -> None:
+        self.assembler: StreamAssembler | None = None
+        self.body: bytes | None = None
+
+    def stream(self, chunk: bytes) -> None:
+        if self.assembler is None:
+            self.assembler = StreamAssembler()
+        self.assembler.feed(chunk)
+
+    def whole(self, body: bytes) -> None:
+        self.body = body
+
+    def message(self) -> dict[str, Any] | None:
+        if self.assembler is not None:
+            return self.assembler.message()
+        if self.body is not None:
+            return message_from_completion(self.body)
+        return None
+
+
+def chains_for(rt: Runtime, messages: Sequence[Any]) -> list[str]:
+    if rt.archive is None:
+        return []
+    try:
+        return chain_hashes(messages, rt.archive.digest_cache)
+    except Exception:  # unhashable content is the client's problem, not a reason to fail
+        log.exception("cannot hash the history; archive and compaction skip this request")
+        return []
+
+
+async def record_request(
+    rt: Runtime, identity: Identity, messages: Sequence[Any], chains: Sequence[str]
+) -> None:
+    """Archive what the client sent before anything can go wrong upstream; never raises."""
+    if rt.archive is None or len(chains) != len(messages):
+        return
+    try:
+        await asyncio.to_thread(
+            rt.archive.record, identity.tenant, identity.session, messages, chains=chains
+        )
+    except Exception as exc:
+        log.warning("dialog archive write failed (%s); forwarding anyway", exc)
+
+
+def record_answer_later(
+    rt: Runtime,
+    identity: Identity,
+    messages: Sequence[Any],
+    chains: Sequence[str],
+    tap: AnswerTap,
+    stats: Mapping[str, int],
+) -> None:
+    """After the response: archive the answer and count the turn, off the request's path."""
+    if rt.archive is None or rt.db is None:
+        return
+    answer = tap.message()
+    archive, db = rt.archive, rt.db
+
+    def work() -> None:
+        if answer is not None and len(chains) == len(messages):
+            archive.record(identity.tenant, identity.session, messages, chains=chains, answer=answer)
+        db.update_session_stats(
+            identity.tenant,
+            identity.session,
+            turns=1,
+            tokens_in=int(stats.get("tokens_in", 0)),
+            tokens_out=int(stats.get("tokens_out", 0)),
+            compactions=int(stats.get("compactions", 0)),
+            offloads=int(stats.get("offloaded", 0)),
+        )
+
+    async def run() -> None:
+        try:
+            await asyncio.to_thread(work)
+        except Exception as exc:
+            log.warning("recording the answer failed: %s", exc)
+
+    rt.spawn(run())

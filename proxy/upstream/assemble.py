@@ -1,0 +1,548 @@
+"""Assemble a streamed chat completion (SSE ``chat.completion.chunk`` events) into one message.
+
+The proxy relays an upstream stream to the client byte for byte; this module watches the same
+bytes on the side so that the answer can be archived as one assistant message and its tool calls
+inspected. It is pure (no I/O), cheap, and never raises from ``feed``: a broken stream must never
+break the relay.
+
+Framing follows the WHATWG "server-sent events" parser. Lines end in ``\\r\\n``, ``\\n`` or
+``\\r`` (normalised to ``\\n`` as the bytes arrive, a ``\\r\\n`` split across two chunks
+included); a blank line dispatches an event; ``:`` lines are comments (keep-alives); ``data``
+lines of one event are joined with ``"\\n"``; ``event: error`` marks an error event; ``id``,
+``retry`` and unknown fields are ignored; a leading UTF-8 BOM is dropped. An event that has not
+been closed by a blank line when the stream ends is never dispatched (as in the spec and the
+OpenAI SDK, which would not show it to the client either); ``buffered`` tells how many such bytes
+are pending. Bytes are decoded per event, so chunks may split a UTF-8 character anywhere;
+invalid UTF-8 becomes U+FFFD, as an SSE client decodes it. An event longer than
+``max_event_bytes`` (default 16 MiB) is dropped and counted in ``malformed``.
+
+Events. ``data: [DONE]`` sets ``done``. Any other data is parsed as JSON: a non-object or
+unparseable payload is counted in ``malformed`` and skipped. An error (``event: error``, or an
+object with a non-null top-level ``"error"``) is recorded in ``error`` (the first one wins: it is
+the cause, later ones tend to echo it) and not accumulated. An event with empty data (``data:``)
+is a keep-alive some providers send; it is counted in ``events`` and otherwise ignored.
+
+Accumulation, per choice ``index``: ``role``; ``content``, ``refusal``, ``reasoning_content``
+and ``reasoning`` (the two names providers use for thinking text) concatenated; ``tool_calls``
+keyed by their ``index`` (``id``, ``type`` and ``function.name`` taken from the first delta that
+carries them, ``function.arguments`` concatenated; a delta without ``index`` joins the call with
+its ``id``, else the latest call); the legacy ``function_call`` likewise; the last non-null
+``finish_reason``; ``logprobs`` lists concatenated. Top level: the last non-null ``usage`` (the
+``include_usage`` chunk carries it with ``choices: []``); the first ``id``, ``model``,
+``created``, ``system_fingerprint``, ``service_tier`` (every chunk repeats them; they are read
+until a chunk has brought both ``id`` and ``model``). Values of the wrong JSON type are ignored.
+
+The message (``message()``), as the non-stream answer would carry it: ``role`` (``"assistant"``
+unless the stream said otherwise) and ``content``: the text, or ``None`` when no text arrived
+and the message has tool calls, a function call or a refusal, else ``""`` if any (empty) content
+delta arrived and ``None`` if none did; then ``refusal``, ``reasoning_content``, ``reasoning``
+only when non-empty, ``tool_calls`` (in index order, each ``{"id", "type", "function": {"name",
+"arguments"}}``) and ``function_call`` only when present. It may be called at any time, also
+mid-stream, and returns a fresh dict each time.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import orjson
+
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "StreamAssembler", "message_from_completion"]
+
+log = logging.getLogger("proxy.upstream.assemble")
+
+# One event is one delta (a few hundred bytes); a provider that emits a whole tool call in one
+# event stays far below this. The cap bounds memory when an upstream never sends a blank line:
+# a longer event is dropped and counted as malformed, however it was chunked.
+DEFAULT_MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
+
+_BOM: Final = b"\xef\xbb\xbf"
+_DONE: Final = b"[DONE]"
+
+
+class _ToolCall:
+    __slots__ = ("id", "type", "name", "args")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.type: str | None = None
+        self.name: str | None = None
+        self.args: list[str] = []
+
+
+class _Choice:
+    """What arrived for one choice index. Text is kept as lists of pieces: joining once is linear,
+    whereas ``str +=`` on an attribute copies the whole text on every delta."""
+
+    __slots__ = (
+        "role",
+        "content",
+        "saw_content",
+        "refusal",
+        "reasoning_content",
+        "reasoning",
+        "tools",
+        "last_tool",
+        "fn_name",
+        "fn_args",
+        "has_fn",
+        "finish_reason",
+        "lp_content",
+        "lp_refusal",
+        "has_lp",
+    )
+
+    def __init__(self) -> None:
+        self.role: str | None = None
+        self.content: list[str] = []
+        self.saw_content = False
+        self.refusal: list[str] = []
+        self.reasoning_content: list[str] = []
+        self.reasoning: list[str] = []
+        self.tools: dict[int, _ToolCall] = {}
+        self.last_tool: int | None = None
+        self.fn_name: str | None = None
+        self.fn_args: list[str] = []
+        self.has_fn = False
+        self.finish_reason: str | None = None
+        self.lp_content: list[Any] = []
+        self.lp_refusal: list[Any] = []
+        self.has_lp = False
+
+
+class StreamAssembler:
+    """Feed it the raw bytes of an SSE chat-completion stream; read the assembled answer."""
+
+    __slots__ = (
+        "done",
+        "error",
+        "events",
+        "malformed",
+        "usage",
+        "id",
+        "model",
+        "created",
+        "system_fingerprint",
+        "service_tier",
+        "_buf",
+        "_scan",
+        "_skip_lf",
+        "_bom_checked",
+        "_skipping",
+        "_max",
+        "_choices",
+        "_need_meta",
+    )
+
+    def __init__(self, *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self.done = False
+        self.error: Any = None
+        self.events = 0  # dispatched events that had data, [DONE] and malformed ones included
+        self.malformed = 0
+        self.usage: dict[str, Any] | None = None
+        self.id: str | None = None
+        self.model: str | None = None
+        self.created: int | None = None
+        self.system_fingerprint: str | None = None
+        self.service_tier: str | None = None
+        # bytearray: appending is amortised O(1) and deleting the consumed front is cheap, so
+        # a stream fed one byte at a time stays linear.
+        self._buf = bytearray()
+        self._scan = 0  # where the next search for b"\n\n" starts (the bytes before hold none)
+        self._skip_lf = False  # the previous chunk ended in \r: a leading \n completes that \r\n
+        self._bom_checked = False
+        self._skipping = False  # dropping the rest of an oversized event up to its blank line
+        self._max = max(int(max_event_bytes), 1)
+        self._choices: dict[int, _Choice] = {}
+        self._need_meta = True
+
+    # -- framing ---------------------------------------------------------------------------
+
+    def feed(self, chunk: bytes | bytearray) -> None:
+        """Take the next bytes of the stream, exactly as they arrived. Never raises: an internal
+        error (a bug, or a chunk of the wrong type) is logged and counted in ``malformed``."""
+        try:
+            self._feed(chunk)
+        except Exception:
+            self.malformed += 1
+            log.warning("stream assembler failed on a chunk", exc_info=True)
+
+    def _feed(self, chunk: bytes | bytearray) -> None:
+        if not chunk:
+            return
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[0] == 0x0A:
+                chunk = chunk[1:]
+                if not chunk:
+                    return
+        # memchr first: upstreams that send \r at all are rare, so the common path copies nothing.
+        if b"\r" in chunk:
+            # A trailing \r already ends its line (turned into \n right away, so the event is not
+            # held back); remember it so that a \n opening the next chunk is not a second line end.
+            self._skip_lf = chunk[-1] == 0x0D
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buf = self._buf
+        buf += chunk
+        if not self._bom_checked:
+            if len(buf) < 3 and _BOM.startswith(buf):
+                return  # could still become a BOM
+            self._bom_checked = True
+            if buf.startswith(_BOM):
+                del buf[:3]
+        end = buf.find(b"\n\n", self._scan)
+        if end >= 0:
+            pos = 0
+            while end >= 0:
+                if self._skipping:
+                    self._skipping = False  # the tail of an oversized event ends here
+                elif end - pos > self._max:
+                    self.malformed += 1  # too long, even if it came in one piece
+                elif end > pos:
+                    self._event(buf, pos, end)
+                pos = end + 2
+                end = buf.find(b"\n\n", pos)
+            # Stray blank lines after a separator dispatch nothing: drop them, so that the
+            # buffer holds only the pending event (what `buffered` and the size cap measure).
+            while pos < len(buf) and buf[pos] == 0x0A:
+                pos += 1
+            del buf[:pos]
+        # +1: the last byte may be the first \n of the separator that ends a max-sized event.
+        if len(buf) > self._max + 1:
+            self._overflow()
+        else:
+            # That last byte may pair with a \n at the start of the next chunk.
+            self._scan = len(buf) - 1 if buf else 0
+
+    def _overflow(self) -> None:
+        # The pending event cannot be dispatched: drop what is buffered and skip the rest of it
+        # up to its blank line. The last byte stays: it may be the separator's first \n.
+        if not self._skipping:
+            self.malformed += 1
+            self._skipping = True
+        del self._buf[:-1]
+        self._scan = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet dispatched (an event the stream has not closed yet)."""
+        return len(self._buf)
+
+    def _event(self, buf: bytearray, pos: int, end: int) -> None:
+        """Dispatch the event ``buf[pos:end]`` (LF line ends, no blank line inside)."""
+        data: bytes | bytearray
+        is_error = False
+        # Nearly every event is one "data: {...}" line: take it without copying or splitting
+        # lines first (memchr-speed checks on the shared buffer, then one slice).
+        if buf.startswith(b"data: ", pos) and buf.find(b"\n", pos, end) < 0:
+            data = buf[pos + 6 : end]
+        else:
+            parts: list[bytes | bytearray] = []
+            for line in buf[pos:end].split(b"\n"):
+                if not line or line[0] == 0x3A:  # blank (after a triple newline) or ": comment"
+                    continue
+                colon = line.find(b":")
+                value: bytes | bytearray
+                if colon < 0:
+                    field, value = line, b""
+                else:
+                    field, value = line[:colon], line[colon + 1 :]
+                    if value[:1] == b" ":
+                        value = value[1:]
+                if field == b"data":
+                    parts.append(value)
+                elif field == b"event":
+                    is_error = value == b"error"
+            if not parts:
+                return  # the spec dispatches nothing for an event without data
+            data = parts[0] if len(parts) == 1 else b"\n".join(parts)
+        self.events += 1
+        if not data:
+            return
+        if data[0] == 0x5B and data.strip() == _DONE:  # "[": only [DONE] starts so
+            self.done = True
+            return
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = _loads_lossy(data)
+            if obj is None:
+                if is_error:
+                    self._record_error(data.decode("utf-8", "replace"))
+                else:
+                    self.malformed += 1
+                return
+        if type(obj) is not dict:
+            if is_error:
+                self._record_error(obj)
+            else:
+                self.malformed += 1
+            return
+        err = obj.get("error")
+        if is_error or err is not None:
+            self._record_error(obj if err is None else err)
+            return
+        self._chunk(obj)
+
+    def _record_error(self, err: Any) -> None:
+        if self.error is None:
+            self.error = err
+
+    # -- accumulation ----------------------------------------------------------------------
+
+    def _chunk(self, obj: dict[str, Any]) -> None:
+        usage = obj.get("usage")
+        if type(usage) is dict:
+            self.usage = usage
+        if self._need_meta:
+            self._take_meta(obj)
+        choices = obj.get("choices")
+        if type(choices) is not list:
+            return
+        for c in choices:
+            if type(c) is not dict:
+                continue
+            idx = c.get("index", 0)
+            if type(idx) is not int:
+                continue  # checked first: a list or dict index is not even hashable
+            st = self._choices.get(idx)
+            if st is None:
+                st = self._choices[idx] = _Choice()
+            delta = c.get("delta")
+            if type(delta) is dict and delta:
+                content = delta.get("content")
+                if len(delta) == 1 and type(content) is str:
+                    st.content.append(content)  # the common case: one text piece
+                    st.saw_content = True
+                else:
+                    _apply_delta(st, delta)
+            fr = c.get("finish_reason")
+            if type(fr) is str:
+                st.finish_reason = fr
+            lp = c.get("logprobs")
+            if type(lp) is dict:
+                _apply_logprobs(st, lp)
+
+    def _take_meta(self, obj: dict[str, Any]) -> None:
+        # First value wins: every chunk repeats the same ones, so they are read only until a
+        # chunk has brought the id and the model.
+        if self.id is None:
+            v = obj.get("id")
+            if type(v) is str:
+                self.id = v
+        if self.model is None:
+            v = obj.get("model")
+            if type(v) is str:
+                self.model = v
+        if self.created is None:
+            v = obj.get("created")
+            if type(v) is int:
+                self.created = v
+        if self.system_fingerprint is None:
+            v = obj.get("system_fingerprint")
+            if type(v) is str:
+                self.system_fingerprint = v
+        if self.service_tier is None:
+            v = obj.get("service_tier")
+            if type(v) is str:
+                self.service_tier = v
+        self._need_meta = self.id is None or self.model is None
+
+    # -- results ---------------------------------------------------------------------------
+
+    def indices(self) -> list[int]:
+        """The choice indices seen so far, ascending."""
+        return sorted(self._choices)
+
+    def finish_reason(self, index: int = 0) -> str | None:
+        st = self._choices.get(index)
+        return None if st is None else st.finish_reason
+
+    def message(self, index: int = 0) -> dict[str, Any] | None:
+        """The assistant message of choice ``index`` as assembled so far; None if never seen."""
+        st = self._choices.get(index)
+        return None if st is None else _build_message(st)
+
+    def completion(self) -> dict[str, Any]:
+        """The ``chat.completion`` object the non-stream request would have returned."""
+        choices: list[dict[str, Any]] = []
+        for idx in sorted(self._choices):
+            st = self._choices[idx]
+            logprobs: dict[str, Any] | None = None
+            if st.has_lp:
+                logprobs = {
+                    "content": list(st.lp_content) or None,
+                    "refusal": list(st.lp_refusal) or None,
+                }
+            choices.append(
+                {
+                    "index": idx,
+                    "message": _build_message(st),
+                    "logprobs": logprobs,
+                    "finish_reason": st.finish_reason,
+                }
+            )
+        out: dict[str, Any] = {
+            "id": self.id or "",
+            "object": "chat.completion",
+            "created": self.created if self.created is not None else 0,
+            "model": self.model or "",
+            "choices": choices,
+            "usage": self.usage,
+        }
+        if self.system_fingerprint is not None:
+            out["system_fingerprint"] = self.system_fingerprint
+        if self.service_tier is not None:
+            out["service_tier"] = self.service_tier
+        return out
+
+
+def _loads_lossy(data: bytes | bytearray) -> Any:
+    """Parse again after replacing invalid UTF-8, as an SSE client decodes the stream; None if
+    the bytes were valid UTF-8 anyway (then the JSON itself is broken) or still do not parse."""
+    try:
+        data.decode("utf-8")
+        return None
+    except UnicodeDecodeError:
+        pass
+    try:
+        return orjson.loads(data.decode("utf-8", "replace"))
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _apply_delta(st: _Choice, delta: dict[str, Any]) -> None:
+    role = delta.get("role")
+    if type(role) is str:
+        st.role = role
+    content = delta.get("content")
+    if type(content) is str:
+        st.content.append(content)
+        st.saw_content = True
+    v = delta.get("refusal")
+    if type(v) is str:
+        st.refusal.append(v)
+    v = delta.get("reasoning_content")
+    if type(v) is str:
+        st.reasoning_content.append(v)
+    v = delta.get("reasoning")
+    if type(v) is str:
+        st.reasoning.append(v)
+    calls = delta.get("tool_calls")
+    if type(calls) is list:
+        for tc in calls:
+            if type(tc) is dict:
+                _apply_tool_call(st, tc)
+    fc = delta.get("function_call")
+    if type(fc) is dict:
+        st.has_fn = True
+        name = fc.get("name")
+        if type(name) is str and name and not st.fn_name:
+            st.fn_name = name
+        args = fc.get("arguments")
+        if type(args) is str:
+            st.fn_args.append(args)
+
+
+def _apply_tool_call(st: _Choice, tc: dict[str, Any]) -> None:
+    idx = tc.get("index")
+    cid = tc.get("id")
+    if type(idx) is not int:
+        # Not OpenAI's format, but some compatible servers omit the index: a new id starts a
+        # call, anything else continues the latest one.
+        idx = None
+        if type(cid) is str and cid:
+            idx = next((i for i, t in st.tools.items() if t.id == cid), None)
+            if idx is None:
+                idx = max(st.tools, default=-1) + 1
+        elif st.last_tool is not None:
+            idx = st.last_tool
+        else:
+            idx = 0
+    call = st.tools.get(idx)
+    if call is None:
+        call = st.tools[idx] = _ToolCall()
+    st.last_tool = idx
+    # First value wins for id/type/name: OpenAI sends them once, and servers that repeat them
+    # on every delta repeat the same value.
+    if call.id is None and type(cid) is str and cid:
+        call.id = cid
+    typ = tc.get("type")
+    if call.type is None and type(typ) is str and typ:
+        call.type = typ
+    fn = tc.get("function")
+    if type(fn) is dict:
+        name = fn.get("name")
+        if call.name is None and type(name) is str and name:
+            call.name = name
+        args = fn.get("arguments")
+        if type(args) is str:
+            call.args.append(args)
+
+
+def _apply_logprobs(st: _Choice, lp: dict[str, Any]) -> None:
+    st.has_lp = True
+    v = lp.get("content")
+    if type(v) is list:
+        st.lp_content.extend(v)
+    v = lp.get("refusal")
+    if type(v) is list:
+        st.lp_refusal.extend(v)
+
+
+def _build_message(st: _Choice) -> dict[str, Any]:
+    text = "".join(st.content)
+    refusal = "".join(st.refusal)
+    content: str | None
+    if text:
+        content = text
+    elif st.tools or st.has_fn or refusal:
+        content = None
+    else:
+        content = "" if st.saw_content else None
+    msg: dict[str, Any] = {"role": st.role or "assistant", "content": content}
+    if refusal:
+        msg["refusal"] = refusal
+    reasoning_content = "".join(st.reasoning_content)
+    if reasoning_content:
+        msg["reasoning_content"] = reasoning_content
+    reasoning = "".join(st.reasoning)
+    if reasoning:
+        msg["reasoning"] = reasoning
+    if st.tools:
+        msg["tool_calls"] = [
+            {
+                "id": call.id or "",
+                "type": call.type or "function",
+                "function": {"name": call.name or "", "arguments": "".join(call.args)},
+            }
+            for _, call in sorted(st.tools.items())
+        ]
+    if st.has_fn:
+        msg["function_call"] = {"name": st.fn_name or "", "arguments": "".join(st.fn_args)}
+    return msg
+
+
+def message_from_completion(
+    body: bytes | bytearray | memoryview | str, index: int = 0
+) -> dict[str, Any] | None:
+    """The assistant message of a non-stream ``chat.completion`` body: the choice whose
+    ``index`` is ``index`` (else ``choices[index]``), its ``message`` as parsed. None when the
+    body is not such JSON or has no such choice or message; never raises."""
+    try:
+        obj = orjson.loads(body)
+    except Exception:  # JSONDecodeError, or a body of the wrong type
+        return None
+    if type(obj) is not dict:
+        return None
+    choices = obj.get("choices")
+    if type(choices) is not list or not choices:
+        return None
+    choice = next((c for c in choices if type(c) is dict and c.get("index") == index), None)
+    if choice is None and 0 <= index < len(choices):
+        choice = choices[index]
+    if type(choice) is not dict:
+        return None
+    msg = choice.get("message")
+    return msg if type(msg) is dict else None

@@ -1,0 +1,237 @@
+"""Compaction end to end: real proxy, fake upstream as model and summarizer, real SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from proxy.pipeline.validate import is_valid
+from proxy.store.dialog import read
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.servers import ServerThread
+
+from .conftest import ProxyFactory
+
+SYSTEM = "You are a test agent working on the repo at /srv/app."
+SUMMARY = """## Goal
+Fix the build.
+## Constraints & Preferences
+- keep /srv/app/setup.cfg unchanged
+## Progress
+### Done
+- ran the tests
+### In Progress
+- fixing tests/test_x.py
+### Blocked
+- none
+## Key Decisions
+- use pytest
+## Next Steps
+- rerun
+## Critical Context
+- ValueError: bad thing in /srv/app/x.py
+"""
+WINDOW = {"compaction": {"context_windows": {"gpt-4o": 4000}}}
+
+
+def is_summarizer(body: dict[str, Any]) -> bool:
+    first = body["messages"][0].get("content") or ""
+    return isinstance(first, str) and not first.startswith(SYSTEM) and "summar" in first.lower()
+
+
+class Script:
+    """The fake's responder: a summarizer (optionally slow or failing) and a model."""
+
+    def __init__(self, fake: FakeUpstream, *, delay: float = 0.0, replies: list[Reply] | None = None) -> None:
+        self.summaries = 0
+        self.delay = delay
+        self.replies = list(replies or [])
+        fake.responder = self
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        if is_summarizer(body):
+            self.summaries += 1
+            if self.replies:
+                return self.replies.pop(0)
+            return Reply(content=SUMMARY, delay_s=self.delay)
+        return Reply(content="ok")
+
+
+def model_calls(fake: FakeUpstream) -> list[dict[str, Any]]:
+    return [r.json() for r in fake.received if r.path.endswith("chat/completions") and not is_summarizer(r.json())]
+
+
+def history(turns: int, words: int = 60) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"request {t}: " + "please do the thing " * (words // 4)})
+        msgs.append({"role": "assistant", "content": f"answer {t}: " + "done with it " * (words // 3)})
+    return msgs
+
+
+def post(srv: ServerThread, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+    body = {"model": "gpt-4o", "messages": messages, **extra}
+    return httpx.post(srv.url + "/v1/chat/completions", content=orjson.dumps(body),
+                      headers={"authorization": "Bearer sk-t", "x-session-id": extra.pop("sid", "s1")},
+                      timeout=30)
+
+
+def test_compacts_over_threshold_and_reuses(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    script = Script(fake)
+    srv = make_proxy(WINDOW)
+    msgs = history(30)  # ~3,500 tokens, over 0.75 x 4000
+    r = post(srv, msgs)
+    assert r.status_code == 200
+    assert r.headers["x-ctxproxy-compacted"] == "1"
+    assert int(r.headers["x-ctxproxy-tokens-out"]) <= 3000 < int(r.headers["x-ctxproxy-tokens-in"])
+    assert script.summaries == 1
+    fwd = model_calls(fake)[-1]["messages"]
+    assert fwd[0] == msgs[0]
+    assert fwd[1]["role"] == "system" and fwd[1]["content"].startswith("# Summary of previous conversation")
+    assert "## Goal" in fwd[1]["content"] and "dialog/" in fwd[1]["content"]
+    assert fwd[2:] == msgs[len(msgs) - len(fwd) + 2 :]
+    # The next turn reuses the cached summary: no summarizer call, same prefix bytes.
+    nxt = msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    r2 = post(srv, nxt)
+    assert r2.headers["x-ctxproxy-compacted"] == "1" and script.summaries == 1
+    fwd2 = model_calls(fake)[-1]["messages"]
+    assert [orjson.dumps(m) for m in fwd2[: len(fwd)]] == [orjson.dumps(m) for m in fwd]
+
+
+def test_under_threshold_passes_byte_for_byte(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    Script(fake)
+    srv = make_proxy(WINDOW)
+    body = orjson.dumps({"model": "gpt-4o", "messages": history(3)})
+    r = httpx.post(srv.url + "/v1/chat/completions", content=body)
+    assert r.headers["x-ctxproxy-compacted"] == "0"
+    assert fake.received[-1].body == body
+
+
+def test_single_flight_for_concurrent_requests(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    script = Script(fake, delay=0.5)
+    srv = make_proxy(WINDOW)
+    msgs = history(30)
+
+    async def go() -> list[int]:
+        async with httpx.AsyncClient(timeout=30) as c:
+            body = orjson.dumps({"model": "gpt-4o", "messages": msgs})
+            rs = await asyncio.gather(*(
+                c.post(srv.url + "/v1/chat/completions", content=body,
+                       headers={"authorization": "Bearer sk-t", "x-session-id": "flight"})
+                for _ in range(8)))
+            return [r.status_code for r in rs]
+
+    assert asyncio.run(go()) == [200] * 8
+    assert script.summaries == 1
+    summaries = {orjson.dumps(c["messages"][1]) for c in model_calls(fake)}
+    assert len(summaries) == 1  # all eight forwarded the same summary bytes
+
+
+def test_precompaction_hides_summarizer_latency(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    script = Script(fake, delay=1.0)
+    srv = make_proxy(WINDOW)
+    pre = history(19)  # past 0.6 x 4000, under 0.75 x 4000
+    r = post(srv, pre)
+    assert r.headers["x-ctxproxy-compacted"] == "0"
+    assert fake.wait_for(lambda f: script.summaries == 1, timeout=5)
+    time.sleep(1.3)  # the background summary completes
+    crossing = history(26)
+    t0 = time.perf_counter()
+    r = post(srv, crossing)
+    elapsed = time.perf_counter() - t0
+    assert r.headers["x-ctxproxy-compacted"] == "1"
+    assert script.summaries == 1  # no new call: the prepared summary was used
+    assert elapsed < 0.8, elapsed
+
+
+@pytest.mark.parametrize("failure", [Reply.error(500, "down"), Reply(content="no sections here")])
+def test_summarizer_failure_serves_with_fallback(
+    make_proxy: ProxyFactory, fake: FakeUpstream, failure: Reply
+) -> None:
+    script = Script(fake, replies=[failure, failure])
+    srv = make_proxy(WINDOW)
+    r = post(srv, history(30))
+    assert r.status_code == 200 and r.headers["x-ctxproxy-compacted"] == "1"
+    summary = model_calls(fake)[-1]["messages"][1]["content"]
+    assert "## Goal" in summary and "request 0" in summary  # deterministic, with the user's words
+    assert script.summaries == (1 if failure.status == 500 else 2)  # invalid answers retried once
+
+
+def test_invalid_answer_retried_once(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    script = Script(fake, replies=[Reply(content="garbage")])
+    srv = make_proxy(WINDOW)
+    post(srv, history(30))
+    assert script.summaries == 2
+    assert "Fix the build." in model_calls(fake)[-1]["messages"][1]["content"]
+
+
+def test_client_rewrite_follows_new_branch(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    script = Script(fake)
+    srv = make_proxy(WINDOW)
+    msgs = history(30)
+    post(srv, msgs)
+    edited = [msgs[0], {"role": "user", "content": "a different start"}, *msgs[2:]]
+    r = post(srv, edited)
+    assert r.headers["x-ctxproxy-compacted"] == "1"
+    assert script.summaries == 2  # the old summary does not cover this history
+
+
+def test_tool_pairs_survive_compaction(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    Script(fake)
+    srv = make_proxy(WINDOW)
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "go"}]
+    for t in range(20):
+        calls = [{"id": f"c{t}_{k}", "type": "function", "function": {"name": "ls", "arguments": "{}"}} for k in range(2)]
+        msgs.append({"role": "assistant", "content": None, "tool_calls": calls})
+        for k in (1, 0):
+            msgs.append({"role": "tool", "tool_call_id": f"c{t}_{k}", "content": "file " * 80})
+    assert post(srv, msgs).status_code == 200
+    fwd = model_calls(fake)[-1]["messages"]
+    assert fwd[1]["content"].startswith("# Summary") and is_valid(fwd)
+
+
+def test_newest_turn_over_budget_is_recut_not_refused(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    Script(fake)
+    srv = make_proxy({**WINDOW, "offload": {"recent_max_bytes": 20000, "old_max_bytes": 1000}})
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "cat", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "some log line here\n" * 1000}]
+    r = post(srv, msgs)
+    assert r.status_code == 200
+    assert int(r.headers["x-ctxproxy-tokens-out"]) <= 3000
+
+
+def test_validator_repairs_orphans(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    srv = make_proxy()
+    msgs = [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "nope", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}]
+    assert post(srv, msgs).status_code == 200
+    assert is_valid(fake.received[-1].json()["messages"])
+
+
+def test_archive_one_line_per_distinct_message(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> None:
+    srv = make_proxy()
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for t in range(40):
+        msgs.append({"role": "user", "content": f"turn {t}"})
+        r = post(srv, msgs, sid="archive")
+        msgs.append(r.json()["choices"][0]["message"])
+    deadline = time.monotonic() + 5
+    lines: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        files = sorted((tmp_path / "data").rglob("dialog/*.jsonl"))
+        lines = [rec for f in files for rec in read(f)]
+        if len(lines) >= len(msgs):
+            break
+        time.sleep(0.05)
+    assert len(lines) == len(msgs) == 81
+    assert [rec["message"] for rec in lines] == msgs
+    assert all(rec["v"] == 1 for rec in lines)
