@@ -38,12 +38,14 @@ class AccessLog:
         finally:
             timing = scope.get("state", {}).get("ctxproxy_timing")
             upstream_ms = timing.upstream_ms if timing is not None else None
+            pipeline_ms = timing.pipeline_ms if timing is not None else None
             log.info(
-                '%s %s %d upstream_ms=%s bytes=%d total_ms=%.1f',
+                "%s %s %d upstream_ms=%s pipeline_ms=%s bytes=%d total_ms=%.1f",
                 scope["method"],
                 scope["path"],
                 status or 499,
                 "-" if upstream_ms is None else f"{upstream_ms:.1f}",
+                "-" if pipeline_ms is None else f"{pipeline_ms:.2f}",
                 sent,
                 (time.perf_counter() - started) * 1000,
             )

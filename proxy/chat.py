@@ -49,6 +49,7 @@ class ChatCompletions:
             model=model, body=body, identity=identity, chains=chains, headers=scope["headers"]
         )
         result = await run_pipeline(rt.stages, sent, view)
+        timing_of(scope).pipeline_ms = result.elapsed_ms
         if result.changed:
             body = {**body, "messages": result.messages}
             out = orjson.dumps(body)
@@ -72,6 +73,7 @@ class ChatCompletions:
     ) -> None:
         up = rt.upstream
         timing = timing_of(scope)
+        timing.restart()
         resp = await up.send(
             "POST", up.url("chat/completions", scope.get("query_string", b"")),
             up.request_headers(scope["headers"]), out,
@@ -96,6 +98,7 @@ class ChatCompletions:
         tap: AnswerTap,
     ) -> None:
         timing = timing_of(scope)
+        timing.restart()
         answer = await rt.router.complete(params, body)
         timing.mark()
         if answer.chunks is not None:

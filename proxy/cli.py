@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    demo = sub.add_parser("demo", help="play a long scripted agent session through the proxy")
+    demo.add_argument("--data-dir", help="where to keep the demo's files (default: a temp dir)")
+    demo.add_argument("--keep-serving", action="store_true", help="keep the proxy up at the end")
     gc = sub.add_parser("gc", help="delete expired offloaded files now")
     gc.add_argument("--config", help="YAML configuration file (every field optional)")
     return parser
@@ -88,6 +91,10 @@ def gc(config: Config) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "demo":
+            from .demo import run_demo
+
+            return run_demo(data_dir=args.data_dir, keep_serving=args.keep_serving)
         config = load_config(args.config)
         if args.command == "serve":
             if args.port is not None and not 0 <= args.port <= 65535:

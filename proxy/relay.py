@@ -103,14 +103,19 @@ def sse_error_event(message: str, code: str) -> bytes:
 class Timing:
     """Per-request figures the access log reads from `scope['state']`."""
 
-    __slots__ = ("started", "upstream_ms")
+    __slots__ = ("pipeline_ms", "started", "upstream_ms")
 
     def __init__(self) -> None:
         self.upstream_ms: float | None = None
+        self.pipeline_ms: float | None = None
         self.started = time.perf_counter()
 
     def mark(self) -> None:
+        """The upstream answered (headers arrived): time since the call was made."""
         self.upstream_ms = (time.perf_counter() - self.started) * 1000
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
 
 
 def timing_of(scope: Scope) -> Timing:

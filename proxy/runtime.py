@@ -92,8 +92,13 @@ async def open_runtime(config: Config, stages: Sequence[Stage] | None = None) ->
         max_body=int(config.server.max_body_mb * 1024 * 1024),
         tool_results=tool_results, counter=counter,
     )
-    offload = OffloadStage(config.offload, config.retrieval, tool_results)
     db = await asyncio.to_thread(_open_db, config)
+    offload = OffloadStage(
+        config.offload, config.retrieval, tool_results,
+        defer_ageing=(
+            db is not None and config.compaction.enabled and config.offload.age_policy == "batched"
+        ),
+    )
     built: list[Stage] = [offload]
     if db is not None:
         rt.db = db

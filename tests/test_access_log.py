@@ -24,8 +24,10 @@ def test_one_access_line_per_request(
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "proxy.access"]
     assert len(lines) == 2
     m = re.fullmatch(
-        r"POST /v1/chat/completions 200 upstream_ms=([\d.]+) bytes=(\d+) total_ms=[\d.]+", lines[0]
+        r"POST /v1/chat/completions 200 upstream_ms=([\d.]+) pipeline_ms=[\d.]+ bytes=(\d+) "
+        r"total_ms=[\d.]+",
+        lines[0],
     )
     assert m and int(m.group(2)) == len(r.content)
-    assert lines[1].startswith("GET /healthz 200 upstream_ms=- bytes=15")
+    assert lines[1].startswith("GET /healthz 200 upstream_ms=- pipeline_ms=- bytes=15")
     assert all("sk-very-secret" not in line for line in caplog.text.splitlines())

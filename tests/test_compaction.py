@@ -235,3 +235,73 @@ def test_archive_one_line_per_distinct_message(make_proxy: ProxyFactory, fake: F
     assert len(lines) == len(msgs) == 81
     assert [rec["message"] for rec in lines] == msgs
     assert all(rec["v"] == 1 for rec in lines)
+
+
+def test_streamed_answer_is_archived_assembled(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> None:
+    srv = make_proxy()
+    fake.script(Reply(content="streamed words arrive", stream_pieces=4,
+                      tool_calls=[{"id": "call_9", "name": "ls", "arguments": {"path": "."}}]))
+    msgs = [{"role": "user", "content": "stream please"}]
+    body = orjson.dumps({"model": "gpt-4o", "messages": msgs, "stream": True,
+                         "stream_options": {"include_usage": True}})
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", content=body, timeout=10,
+                      headers={"x-session-id": "streamed"}) as r:
+        b"".join(r.iter_raw())
+    deadline = time.monotonic() + 5
+    lines: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and len(lines) < 2:
+        lines = [rec for f in (tmp_path / "data").rglob("dialog/*.jsonl") for rec in read(f)]
+        time.sleep(0.05)
+    answer = lines[-1]["message"]
+    assert answer["role"] == "assistant" and answer["content"] == "streamed words arrive"
+    assert answer["tool_calls"][0]["function"] == {"name": "ls", "arguments": '{"path":"."}'}
+    assert lines[-1]["parent"] == lines[0]["chain"]
+
+
+def test_token_headers_are_real_counts(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    from proxy.pipeline.tokens import TokenCounter
+
+    srv = make_proxy()
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo wörld " * 50}]
+    r = post(srv, msgs)
+    expected = TokenCounter().count_request(msgs, "gpt-4o")
+    assert int(r.headers["x-ctxproxy-tokens-in"]) == expected == int(r.headers["x-ctxproxy-tokens-out"])
+
+
+def test_session_stats_are_recorded(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> None:
+    from proxy.store.db import Database
+
+    Script(fake)
+    srv = make_proxy(WINDOW)
+    post(srv, history(3), sid="stats")
+    post(srv, history(30), sid="stats")
+    time.sleep(0.3)
+    db = Database.in_dir(tmp_path / "data")
+    try:
+        [row] = [s for s in db.sessions(None) if s.session == "stats"]
+        assert row.turns == 2 and row.compactions == 1 and row.tokens_in > row.tokens_out > 0
+    finally:
+        db.close()
+
+
+def test_compaction_model_is_used_for_the_summary(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    Script(fake)
+    srv = make_proxy({"compaction": {"context_windows": {"gpt-4o": 4000}, "model": "cheap-summarizer"}})
+    post(srv, history(30))
+    summarizer_calls = [r.json() for r in fake.received if is_summarizer(r.json())]
+    assert [c["model"] for c in summarizer_calls] == ["cheap-summarizer"]
+    assert fake.received[-1].headers["authorization"] == "Bearer sk-t"
+
+
+def test_demo_runs_offline(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "proxy", "demo", "--data-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "summarizer calls" in out and "/files" in out
+    turns = [line for line in out.splitlines() if line.strip()[:1].isdigit() and "tok" in line]
+    assert len(turns) >= 25
+    assert list(tmp_path.rglob("tool_result/*.txt")) and list(tmp_path.rglob("dialog/*.jsonl"))

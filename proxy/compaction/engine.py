@@ -19,6 +19,7 @@ Per request, statelessly from the history plus the summary cache:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import OrderedDict
 from collections.abc import Coroutine, Sequence
@@ -29,6 +30,7 @@ from typing import Any
 from ..config import CompactionConfig
 from ..models import ContextWindows
 from ..pipeline import Message, RequestView, StageOutcome
+from ..pipeline.ageing import tool_turns
 from ..pipeline.count import RequestCounter
 from ..pipeline.offload import OffloadStage
 from ..pipeline.turns import leading_system_count, split
@@ -60,6 +62,7 @@ class Plan:
     cut: int
     cut_chain: str
     previous: SummaryRecord | None
+    window_chars: int = 4 * 128_000  # the model's window in characters (~4 per token)
 
 
 FlightKey = tuple[str, str, str]
@@ -128,6 +131,19 @@ class CompactStage:
         summary = summary_message(rec.text, pointer=rec.pointer, tool_name=self.read_tool)
         return [*messages[:head], summary, *messages[rec.upto :]]
 
+    def _aged(
+        self, messages: list[Message], request: RequestView, rec: SummaryRecord | None
+    ) -> list[Message]:
+        """Stage-2 ageing as of the compaction in use: results that had aged when it was made
+        are re-cut, at the same moment the summary changed the prefix anyway."""
+        if self.offload is None or not self.offload.defer_ageing or rec is None or not rec.seen:
+            return messages
+        _, turns_then = tool_turns(request.body["messages"][: rec.seen])
+        aged = max(turns_then - self.offload.config.recent_n, 0)
+        if aged == 0:
+            return messages
+        return self.offload.run(request.body["messages"], request, aged_turns=aged).messages
+
     def _count(self, messages: Sequence[Message], request: RequestView) -> int:
         tools = request.body.get("tools")
         return self.counter.request(messages, request.model, tools if isinstance(tools, list) else None)
@@ -138,13 +154,16 @@ class CompactStage:
     ) -> Plan | None:
         start = rec.upto if rec is not None else head
         view = [*messages[:head], *messages[start:]]
-        found = split(view, lambda m: self.counter.message(m, request.model), keep)
+        # prefer_user=False: keep every whole turn that fits, not only from the newest user
+        # message on (which can keep almost nothing in an agent loop).
+        found = split(view, lambda m: self.counter.message(m, request.model), keep, prefer_user=False)
         if found is None:
             return None
         cut = start + (found.cut - head)
         if cut <= start:
             return None
-        return Plan(head, start, cut, request.chains[cut - 1], rec)
+        return Plan(head, start, cut, request.chains[cut - 1], rec,
+                    4 * self.windows.window(request.model))
 
     def _summarize(
         self, plan: Plan, request: RequestView, tokens_before: int
@@ -174,7 +193,12 @@ class CompactStage:
         tokens_before: int,
     ) -> SummaryRecord:
         previous = plan.previous.text if plan.previous is not None else None
-        outcome = await summarize(complete, previous, evicted)
+        # The verbatim user requests are bounded by the window too: at most ~5% of it.
+        user_chars = max(1000, min(8000, plan.window_chars // 20))
+        outcome = await summarize(
+            complete, previous, evicted,
+            per_message_chars=min(2000, user_chars), total_chars=user_chars,
+        )
         if outcome.source == "fallback":
             log.warning("summarizer failed (%s); using a deterministic summary", outcome.error)
         spans = await asyncio.to_thread(self.archive.span, tenant, session, replaced_chains)
@@ -210,6 +234,8 @@ class CompactStage:
                 record = await prepared.task
             else:
                 record = await self._summarize(plan, request, tokens)
+            # The request that makes the compaction fixes when ageing happens (`_aged`).
+            record = dataclasses.replace(record, seen=len(request.chains))
             stored = await asyncio.to_thread(self.summaries.put, record)
             self.compactions += 1
             future.set_result(stored)
@@ -226,6 +252,13 @@ class CompactStage:
         key = (ident.tenant, ident.session, plan.cut_chain)
         if key in self._prepared or key in self._flights:
             return
+        prev = plan.previous.chain if plan.previous is not None else None
+        for (tenant, session, _), prepared in self._prepared.items():
+            p = prepared.plan
+            if (tenant, session) == (ident.tenant, ident.session) and (
+                (p.previous.chain if p.previous is not None else None) == prev
+            ):
+                return  # one prepared compaction per state: the threshold request reuses it
         task = asyncio.ensure_future(self._summarize(plan, request, tokens))
         task.add_done_callback(_quiet)
         self._prepared[key] = Prepared(plan, task)
@@ -264,7 +297,8 @@ class CompactStage:
             rec.upto <= len(messages) and rec.head == head and request.chains[rec.upto - 1] == rec.chain
         ):
             rec = None
-        applied = self._apply(messages, rec, head)
+        base = messages
+        applied = self._apply(self._aged(base, request, rec), rec, head)
         tokens = self._count(applied, request)
         compacted_now = 0
         for _ in range(2):  # a prepared compaction may be one step short: then go again
@@ -277,12 +311,15 @@ class CompactStage:
                 break
             rec = await self._persisted(plan, request, tokens)
             compacted_now = 1
-            applied = self._apply(messages, rec, head)
+            applied = self._apply(self._aged(base, request, rec), rec, head)
             tokens = self._count(applied, request)
         if tokens > budget.threshold and self.offload is not None:
             applied, tokens = self._last_resort(applied, request, budget, rec, head)
         elif tokens > budget.pre and compacted_now == 0:
-            plan = self._plan(messages, request, rec, head, budget.keep)
+            # Plan the split the threshold request will make: by then the history has grown by
+            # at least (threshold - tokens), which that split would not keep either.
+            keep = max(budget.keep - (budget.threshold - tokens), budget.keep // 4)
+            plan = self._plan(messages, request, rec, head, keep)
             if plan is not None:
                 self._prepare(plan, request, tokens)
         stats = {
@@ -296,15 +333,22 @@ class CompactStage:
         self, applied: list[Message], request: RequestView, budget: Budget,
         rec: SummaryRecord | None, head: int,
     ) -> tuple[list[Message], int]:
-        """Even the newest turn is over budget: re-cut its tool outputs harder, never refuse."""
+        """Even the newest turns are over budget: re-cut tool outputs harder, oldest first and
+        only as many as needed (the newest stay as they were if they can), never refuse."""
         assert self.offload is not None
         tokens = self._count(applied, request)
+        model = request.model
+        tool_idx = [i for i, m in enumerate(applied) if m.get("role") in ("tool", "function")]
         for size in (self.old_max_bytes, 1024):
-            applied = self.offload.harder(applied, request.identity, size)
-            tokens = self._count(applied, request)
-            if tokens <= budget.threshold:
-                break
-        else:
+            for i in tool_idx:
+                if tokens <= budget.threshold:
+                    return applied, tokens
+                before = applied[i]
+                after = self.offload.harder([before], request.identity, size)[0]
+                if after is not before:
+                    tokens += self.counter.message(after, model) - self.counter.message(before, model)
+                    applied = [*applied[:i], after, *applied[i + 1 :]]
+        if tokens > budget.threshold:
             log.warning(
                 "request still over the threshold after compaction (%d > %d tokens); forwarding",
                 tokens, budget.threshold,

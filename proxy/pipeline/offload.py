@@ -132,8 +132,12 @@ class OffloadStage:
         store: ToolResultStore,
         *,
         cache_bytes: int = 256 * 1024 * 1024,
+        defer_ageing: bool = False,
     ) -> None:
         self.config = config
+        # With compaction on and the batched policy, stage 2 is timed to compactions by the
+        # compaction stage (see `run`): the prefix then breaks once per compaction, not twice.
+        self.defer_ageing = defer_ageing
         self.tool = retrieval.tool_name
         self.store = store
         self._cache: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
@@ -198,6 +202,7 @@ class OffloadStage:
         down to `budget`, offloading any that had not been (a message's own text is then
         its original)."""
         out = list(messages)
+        changed = False
         for i, m in enumerate(messages):
             if m.get("role") not in ("tool", "function"):
                 continue
@@ -217,11 +222,19 @@ class OffloadStage:
                         new = None
             if new is not None:
                 out[i] = _with_text(m, new)
-        return out
+                changed = True
+        return out if changed else messages
 
     # -- the stage -------------------------------------------------------------------------
 
     def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
+        return self.run(messages, request, aged_turns=0 if self.defer_ageing else None)
+
+    def run(
+        self, messages: list[Message], request: RequestView, *, aged_turns: int | None
+    ) -> StageOutcome:
+        """Both stages; `aged_turns` re-cuts the results of the first that many tool-call
+        turns (None: decide by the age policy)."""
         tenant, session = request.identity.tenant, request.identity.session
         texts: dict[int, str] = {}
         for i, m in enumerate(messages):
@@ -234,15 +247,19 @@ class OffloadStage:
 
         reads = read_calls(messages, self.config.read_tools)
         turn_of, turns = ageing.tool_turns(messages)
-        per_turn = [0] * turns
-        for i, text in texts.items():
-            if turns:
-                rc = reads.get(messages[i].get("tool_call_id", ""))
-                per_turn[turn_of.get(i, 0)] += self._estimated_saving(text, rc)
-        aged_upto = ageing.aged_upto(
-            turns, self.config.recent_n, lambda t: per_turn[t],
-            batched=self.config.age_policy == "batched", batch_bytes=self.config.age_batch_bytes,
-        )
+        if aged_turns is None:
+            per_turn = [0] * turns
+            for i, text in texts.items():
+                if turns:
+                    rc = reads.get(messages[i].get("tool_call_id", ""))
+                    per_turn[turn_of.get(i, 0)] += self._estimated_saving(text, rc)
+            aged_upto = ageing.aged_upto(
+                turns, self.config.recent_n, lambda t: per_turn[t],
+                batched=self.config.age_policy == "batched",
+                batch_bytes=self.config.age_batch_bytes,
+            )
+        else:
+            aged_upto = min(aged_turns, max(turns - self.config.recent_n, 0))
 
         out = list(messages)
         offloaded = written = errors = saved = 0

@@ -117,6 +117,11 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         ) WITHOUT ROWID""",
         "CREATE INDEX sessions_by_last_seen ON sessions (tenant, last_seen)",
     ),
+    (
+        # How many messages the history held when the compaction was made: stage-2 ageing is
+        # timed to compactions and recomputed from it.
+        "ALTER TABLE summaries ADD COLUMN seen INTEGER NOT NULL DEFAULT 0",
+    ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

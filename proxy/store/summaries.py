@@ -60,6 +60,7 @@ class SummaryRecord:
     previous_chain: str | None = None  # the summary this one merged, if any
     span: tuple[FileSpan, ...] = ()  # dialog lines of the replaced messages
     v: int = SUMMARY_VERSION
+    seen: int = 0  # messages in the history when this compaction was made
 
     def __post_init__(self) -> None:
         check_name(self.tenant, "tenant")
@@ -113,7 +114,7 @@ def _markdown(rec: SummaryRecord) -> bytes:
 
 _COLUMNS: Final = (
     "tenant, session, chain, v, head, upto, previous_chain, text, source, model, created_at, "
-    "tokens_before, tokens_after, span"
+    "tokens_before, tokens_after, span, seen"
 )
 _MARKS: Final = ", ".join(["?"] * len(_COLUMNS.split(",")))
 
@@ -134,6 +135,7 @@ def _row(rec: SummaryRecord) -> tuple[object, ...]:
         rec.tokens_before,
         rec.tokens_after,
         orjson.dumps([list(s) for s in rec.span]).decode(),
+        rec.seen,
     )
 
 
@@ -154,6 +156,7 @@ def _record(row: sqlite3.Row) -> SummaryRecord:
         previous_chain=row["previous_chain"],
         span=tuple(FileSpan(str(f), int(a), int(b)) for f, a, b in orjson.loads(row["span"])),
         v=row["v"],
+        seen=row["seen"],
     )
 
 

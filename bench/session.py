@@ -1,0 +1,174 @@
+"""A long agent session through the full pipeline (issue 4).
+
+    python bench/session.py [--steps 64] [--window 128000]
+
+Replays a scripted coding-agent session (tool outputs of 1-300 KB, a few user constraints) through
+a real ctxproxy on loopback, against the fake upstream acting as both the model and the
+summarizer. The client resends its whole history every turn, as agents do. Reports:
+
+- total tokens the client sent vs total forwarded;
+- the largest forwarded request vs the window and the threshold;
+- summarizer calls vs compaction events (must be equal: compactions, not turns, cost calls);
+- pipeline ms per request (p50, p99), from the proxy's access log;
+- latency of each threshold-crossing turn vs a normal turn (pre-compaction hides the summarizer);
+- prefix stability: for each pair of consecutive forwarded requests, the share of the earlier
+  one (tools, then messages, as canonical JSON) that is a whole-message common prefix of the
+  later one. Every change of that prefix discards the provider's prompt cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import statistics
+import tempfile
+from typing import Any
+
+import orjson
+
+from proxy.app import create_app
+from proxy.config import config_from_mapping
+from proxy.demo import MODEL, ScriptedModel, TurnFigures, drive, script
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.servers import serve_in_thread
+
+CONSTRAINTS = [
+    "Constraint: never edit files under migrations/.",
+    "Please keep the public signature of checkout.total() unchanged.",
+    "Use Decimal everywhere money is involved, no floats.",
+    "Also cover the discount-code path with a test.",
+    "Don't add new dependencies to pyproject.toml.",
+    "Run the full suite before you report back.",
+    "Keep the changelog entry under three lines.",
+    "Check the logging configuration as well.",
+    "Summarise what changed at the end.",
+    "One more pass over the error handling, please.",
+    "Last: make sure mypy is clean.",
+    "Thanks, wrap it up.",
+    "Double-check the rounding tests once more.",
+    "And the CLI help text should mention the new flag.",
+    "Finally, re-run the slow tests.",
+    "Done? Then write the summary.",
+]
+
+
+class PipelineTimes(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ms: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = re.search(r"POST /v1/chat/completions \d+ .*pipeline_ms=([\d.]+)", record.getMessage())
+        if m:
+            self.ms.append(float(m.group(1)))
+
+
+def canonical_units(body: dict[str, Any]) -> list[bytes]:
+    opt = orjson.OPT_SORT_KEYS
+    return [orjson.dumps(body.get("tools"), option=opt)] + [
+        orjson.dumps(m, option=opt) for m in body["messages"]
+    ]
+
+
+def stability(a: list[bytes], b: list[bytes]) -> float:
+    total = sum(len(u) for u in a)
+    shared = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        shared += len(x)
+    return shared / total if total else 1.0
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=64, help="tool calls in the session")
+    ap.add_argument("--window", type=int, default=128_000)
+    ap.add_argument("--summary-delay", type=float, default=1.0)
+    ap.add_argument("--model-delay", type=float, default=0.5)
+    ap.add_argument("--explain", action="store_true", help="print why each prefix break happened")
+    args = ap.parse_args()
+
+    model = ScriptedModel(script(steps_n=args.steps), summary_delay_s=args.summary_delay,
+                          model_delay_s=args.model_delay, text_every=4)
+    fake = FakeUpstream(responder=model, models=(MODEL,))
+    times = PipelineTimes()
+    access = logging.getLogger("proxy.access")
+    access.addHandler(times)
+    access.setLevel(logging.INFO)
+    with tempfile.TemporaryDirectory() as tmp, serve_in_thread(fake) as upstream:
+        config = config_from_mapping({
+            "upstream": {"base_url": upstream.url + "/v1"},
+            "storage": {"data_dir": tmp},
+            "compaction": {"context_windows": {MODEL: args.window}},
+        })
+        threshold = int(config.compaction.threshold_ratio * args.window)
+        with serve_in_thread(create_app(config), lifespan="on") as proxy:
+            figures: list[TurnFigures] = asyncio.run(
+                drive(proxy.url, model, follow_ups=CONSTRAINTS, max_turns=500)
+            )
+    forwarded = [r.json() for r in fake.received if r.path.endswith("chat/completions")]
+    forwarded = [b for b in forwarded if not (isinstance(b["messages"][0].get("content"), str)
+                                             and "summar" in b["messages"][0]["content"].lower()
+                                             and not b["messages"][0]["content"].startswith("You are a coding"))]
+    units = [canonical_units(b) for b in forwarded]
+    stab = [stability(a, b) for a, b in zip(units, units[1:], strict=False)]
+    summaries = [next((m["content"] for m in b["messages"][1:2] if m["role"] == "system"), None)
+                 for b in forwarded]
+    events = sum(1 for a, b in zip(summaries, summaries[1:], strict=False) if b is not None and a != b)
+    crossing = [i + 1 for i, (a, b) in enumerate(zip(summaries, summaries[1:], strict=False))
+                if b is not None and a != b]
+    sent = sum(f.sent for f in figures)
+    fwd = sum(f.forwarded for f in figures)
+    normal = [f.ms for i, f in enumerate(figures) if i not in crossing and i > 0]
+    cross_ms = [figures[i].ms for i in crossing]
+    print(f"# {len(figures)} turns, {args.steps} tool calls (1-300 KB outputs), window {args.window:,}, "
+          f"threshold {threshold:,}; summarizer answers in {args.summary_delay:g} s, model in "
+          f"{args.model_delay:g} s")
+    print(f"tokens sent by the client   {sent:>12,}")
+    print(f"tokens forwarded            {fwd:>12,}  ({fwd / sent * 100:.1f}% of sent; target <= 15%)")
+    largest = max(f.forwarded for f in figures)
+    over = sum(1 for f in figures if f.forwarded > threshold)
+    print(f"largest forwarded request   {largest:>12,}  ({largest / args.window * 100:.0f}% of the "
+          f"window; {over} requests over the threshold; target 0)")
+    unused = model.summaries - events
+    note = (f"; {unused} prepared in the background for a threshold the session never reached"
+            if unused > 0 else "")
+    print(f"summarizer calls            {model.summaries:>12}  (compaction events: {events}{note})")
+    rest = times.ms[1:]
+    print(f"pipeline ms per request     p50 {statistics.median(rest):.2f}  p99 {pct(rest, 0.99):.2f}"
+          f"  max {max(rest):.2f}  (first request, which loads the tokenizer: {times.ms[0]:.0f} ms)")
+    if cross_ms:
+        ratio = max(cross_ms) / statistics.median(normal)
+        print(f"threshold-crossing turns    {', '.join(f'{m:.0f} ms' for m in cross_ms)} vs normal "
+              f"p50 {statistics.median(normal):.0f} ms -> worst {ratio:.2f}x (target <= 1.2x)")
+    print(f"prefix stability            mean {statistics.mean(stab):.3f}  min {min(stab):.3f}  "
+          f"pairs below 0.5: {sum(1 for s in stab if s < 0.5)} of {len(stab)} (target mean >= 0.95)")
+    if args.explain:
+        explain(forwarded)
+
+
+def explain(forwarded: list[dict[str, Any]]) -> None:
+    """Why each prefix break happened (for tuning; --explain)."""
+    units = [canonical_units(b) for b in forwarded]
+    for i, (a, b) in enumerate(zip(units, units[1:], strict=False)):
+        s = stability(a, b)
+        if s >= 0.99:
+            continue
+        k = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        msg = forwarded[i]["messages"][k - 1] if 0 < k <= len(forwarded[i]["messages"]) else {}
+        nxt = forwarded[i + 1]["messages"][k - 1] if 0 < k <= len(forwarded[i + 1]["messages"]) else {}
+        print(f"  pair {i}->{i + 1}: stability {s:.3f}, first change at unit {k} "
+              f"({msg.get('role')}: {len(str(msg.get('content')))} -> {nxt.get('role')}: "
+              f"{len(str(nxt.get('content')))} chars)")
+
+
+if __name__ == "__main__":
+    main()
