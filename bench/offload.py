@@ -50,7 +50,9 @@ def history(seed: int = 7) -> list[dict[str, Any]]:
 
 async def measure(repeats: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = config_from_mapping({"storage": {"data_dir": tmp}})
+        # Offload alone: compaction off (it would call a summarizer), upstream never contacted.
+        cfg = config_from_mapping({"storage": {"data_dir": tmp}, "compaction": {"enabled": False},
+                                   "upstream": {"base_url": "http://127.0.0.1:9/v1"}})
         rt = await open_runtime(cfg)
         rt.counter.counter.preload(("gpt-4o",))
         msgs = history()

@@ -41,6 +41,10 @@ FOLLOW_UPS = [
     "Please don't change the public signature of checkout.total().",
     "Run the whole suite once more and summarise what changed.",
     "Check the logging setup too; the logs are too noisy in production.",
+    "Use Decimal everywhere money is involved, no floats.",
+    "Don't add new dependencies to pyproject.toml.",
+    "One more pass over the error handling, please.",
+    "Make sure mypy is clean.",
     "Last thing: update the changelog entry for this fix.",
 ]
 TOOLS = [
