@@ -22,9 +22,10 @@ from .relay import (
     run_until_disconnect,
     timing_of,
 )
+from .retrieval.loop import Rounds
 from .routes import ctx_headers, header_map, parse_chat, runtime_of
 from .runtime import Runtime
-from .session import resolve
+from .session import Identity, resolve
 from .upstream.http import response_headers
 
 log = logging.getLogger("proxy.access")
@@ -57,16 +58,39 @@ class ChatCompletions:
             out = raw  # nothing changed: the upstream gets the client's bytes exactly
         extra = ctx_headers(identity, result, raw, out)
         tap = AnswerTap()
+        rounds = Rounds()
         params = rt.router.match(model)
+        forwarded = result.messages if result.changed else sent
         if params is not None:
             work = self._via_litellm(rt, params, body, extra, scope, send, tap)
+        elif rt.reader is not None and rt.readloop is not None and rt.reader.needed(forwarded):
+            body = rt.reader.with_tool({**body, "messages": forwarded})
+            work = self._via_reads(rt, scope, send, body, extra, tap, identity, rounds)
         else:
             work = self._via_upstream(rt, scope, send, out, extra, tap)
         try:
             if await run_until_disconnect(receive, work):
                 log.info("client disconnected; upstream call cancelled (session %s)", identity.session)
         finally:
-            record_answer_later(rt, identity, sent, chains, tap, result.stats)
+            record_answer_later(rt, identity, sent, chains, tap, result.stats, rounds.internal)
+
+    async def _via_reads(
+        self, rt: Runtime, scope: Scope, send: Send, body: dict[str, Any], extra: Headers,
+        tap: AnswerTap, identity: Identity, rounds: Rounds,
+    ) -> None:
+        """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
+        assert rt.readloop is not None
+        up = rt.upstream
+        timing_of(scope).restart()
+        url = up.url("chat/completions", scope.get("query_string", b""))
+        headers = up.request_headers(scope["headers"])
+        loop = rt.readloop
+        if body.get("stream") is True:
+            done = await loop.stream(send, body, url, headers, extra, identity, tap.stream)
+        else:
+            done = await loop.non_stream(send, body, url, headers, extra, identity, tap.whole)
+        timing_of(scope).mark()
+        rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
 
     async def _via_upstream(
         self, rt: Runtime, scope: Scope, send: Send, out: bytes, extra: Headers, tap: AnswerTap

@@ -24,6 +24,11 @@ class ServerConfig(_Section):
     max_body_mb: float = Field(
         64, gt=0, description="Largest request body accepted, in MiB; larger bodies get 413."
     )
+    public_url: str | None = Field(
+        None,
+        description="Base URL people and models reach the proxy at (for /files links in "
+        "notices with retrieval.mode none); null: http://host:port.",
+    )
 
 
 class UpstreamConfig(_Section):
@@ -146,6 +151,13 @@ class RetrievalConfig(_Section):
     )
     tool_name: str = Field("read_offloaded", description="Name of the proxy's read tool.")
     max_rounds: int = Field(5, ge=0, description="Most read-tool rounds per client request.")
+    client_tool: ReadTool = Field(
+        default_factory=lambda: ReadTool(path_arg="file_path", line_arg="start_line"),
+        description="mode client: the argument names of the client's read tool.",
+    )
+    client_tool_name: str = Field(
+        "read_file", description="mode client: the name of the client's own read tool."
+    )
 
 
 class AuthConfig(_Section):

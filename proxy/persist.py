@@ -71,6 +71,7 @@ def record_answer_later(
     chains: Sequence[str],
     tap: AnswerTap,
     stats: Mapping[str, int],
+    internal: Sequence[Any] = (),
 ) -> None:
     """After the response: archive the answer and count the turn, off the request's path."""
     if rt.archive is None or rt.db is None:
@@ -79,7 +80,10 @@ def record_answer_later(
     archive, db = rt.archive, rt.db
 
     def work() -> None:
-        if answer is not None and len(chains) == len(messages):
+        if internal:
+            # The proxy's own read rounds: archived (lossless) as the continuation the model saw.
+            archive.record(identity.tenant, identity.session, [*messages, *internal], answer=answer)
+        elif answer is not None and len(chains) == len(messages):
             archive.record(identity.tenant, identity.session, messages, chains=chains, answer=answer)
         db.update_session_stats(
             identity.tenant,

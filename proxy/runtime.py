@@ -17,6 +17,8 @@ from .pipeline.count import CountStage, RequestCounter
 from .pipeline.offload import OffloadStage
 from .pipeline.tokens import TokenCounter
 from .pipeline.validate import ValidateStage
+from .retrieval.loop import ReadLoop
+from .retrieval.tool import ReadTool
 from .store.db import Database
 from .store.dialog import DialogArchive, DigestCache
 from .store.summaries import SummaryStore
@@ -46,6 +48,8 @@ class Runtime:
     summarizer: SummarizerClient | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     gc_task: asyncio.Task[None] | None = None
+    reader: ReadTool | None = None
+    readloop: ReadLoop | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run work after the response (persisting): tracked so shutdown can wait for it."""
@@ -98,6 +102,7 @@ async def open_runtime(config: Config, stages: Sequence[Stage] | None = None) ->
         defer_ageing=(
             db is not None and config.compaction.enabled and config.offload.age_policy == "batched"
         ),
+        files_url=files_url(config),
     )
     built: list[Stage] = [offload]
     if db is not None:
@@ -120,8 +125,16 @@ async def open_runtime(config: Config, stages: Sequence[Stage] | None = None) ->
         rt.spawn(asyncio.to_thread(_warm, counter, windows))
     built += [ValidateStage(), CountStage(counter)]
     rt.stages = list(stages) if stages is not None else built
+    if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
+        rt.reader = ReadTool(config, tool_results)
+        rt.readloop = ReadLoop(upstream, rt.reader, config.retrieval.max_rounds)
     rt.gc_task = asyncio.create_task(_gc_loop(tool_results, GC_INTERVAL_S))
     return rt
+
+
+def files_url(config: Config) -> str:
+    base = config.server.public_url or f"http://{config.server.host}:{config.server.port}"
+    return base.rstrip("/") + "/files"
 
 
 def _warm(counter: RequestCounter, windows: ContextWindows) -> None:

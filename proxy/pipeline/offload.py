@@ -133,12 +133,15 @@ class OffloadStage:
         *,
         cache_bytes: int = 256 * 1024 * 1024,
         defer_ageing: bool = False,
+        files_url: str = "http://127.0.0.1:4000/files",
     ) -> None:
         self.config = config
         # With compaction on and the batched policy, stage 2 is timed to compactions by the
         # compaction stage (see `run`): the prefix then breaks once per compaction, not twice.
         self.defer_ageing = defer_ageing
         self.tool = retrieval.tool_name
+        self.retrieval = retrieval
+        self.files_url = files_url.rstrip("/")
         self.store = store
         self._cache: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
         self._cache_bytes = cache_bytes
@@ -169,7 +172,24 @@ class OffloadStage:
             self._cached -= len(old)
         return entry
 
-    def _cut(self, entry: _Entry, text: str, budget: int, read: ReadCall | None) -> str | None:
+    def _target(self, identity: Identity, rid: str) -> dict[str, Any]:
+        """Where a notice sends the model, by retrieval mode (SPEC 7)."""
+        mode = self.retrieval.mode
+        if mode == "client":
+            spec = self.retrieval.client_tool
+            path = self.store.path(identity.tenant, identity.session, rid).resolve()
+            return {"file_path": str(path), "tool": self.retrieval.client_tool_name,
+                    "path_arg": spec.path_arg, "line_arg": spec.line_arg or "start_line",
+                    "byte_arg": None}
+        if mode == "none":
+            url = f"{self.files_url}/{identity.tenant}/{identity.session}/{relative_path(rid)}"
+            return {"file_path": url, "tool": "GET", "path_arg": "url",
+                    "line_arg": "start_line", "byte_arg": None}
+        return {"file_path": relative_path(rid), "tool": self.tool}
+
+    def _cut(
+        self, entry: _Entry, text: str, budget: int, read: ReadCall | None, identity: Identity
+    ) -> str | None:
         if budget in entry.cuts:
             return entry.cuts[budget]
         if entry.size <= budget + self.config.slack_bytes:
@@ -182,7 +202,7 @@ class OffloadStage:
             )
             result = cut.text if cut else None
         else:
-            cut = truncate(text, budget, file_path=relative_path(entry.rid), tool=self.tool)
+            cut = truncate(text, budget, **self._target(identity, entry.rid))
             result = cut.text if cut else None
         entry.cuts[budget] = result
         return result
@@ -213,7 +233,7 @@ class OffloadStage:
                 new = recut(text, budget)
             else:
                 entry = self._entry(identity.tenant, identity.session, text)
-                new = self._cut(entry, text, budget, None)
+                new = self._cut(entry, text, budget, None, identity)
                 if new is not None:
                     try:
                         self.store.save(identity.tenant, identity.session, entry.rid, text)
@@ -274,7 +294,7 @@ class OffloadStage:
                 new = recut(text, budget) if aged else None
             else:
                 entry = self._entry(tenant, session, text)
-                new = self._cut(entry, text, budget, read)
+                new = self._cut(entry, text, budget, read, request.identity)
                 if new is not None:
                     try:
                         written += self.store.save(tenant, session, entry.rid, text)

@@ -1,0 +1,1 @@
+"""Reading offloaded content: the proxy's own read tool and the loop that runs it (SPEC 7)."""

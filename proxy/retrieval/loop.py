@@ -1,0 +1,318 @@
+"""The read-tool loop: run the model's `read_offloaded` calls and ask again (SPEC 7).
+
+The client only ever sees the final answer. Non-streaming: the last round's completion with
+usage summed over rounds. Streaming: text deltas pass as they arrive, deltas of the proxy's own
+tool calls are withheld, the client's tool calls pass through (renumbered to stay contiguous),
+the next round continues in the same SSE response, and exactly one usage chunk comes at the end
+(when the client asked for it).
+
+An answer that calls both the proxy's tool and the client's tools is returned with only the
+client's calls: the proxy's reads are dropped (the model may read again on a later turn), because
+the client could neither run them nor continue with a half-answered turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from ..errors import UpstreamError, UpstreamTimeout
+from ..relay import Headers, Send, sse_error_event
+from ..session import Identity
+from ..upstream.http import Upstream, response_headers
+from .tool import ReadTool
+
+log = logging.getLogger("proxy.upstream")
+
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class Rounds:
+    """What the loop did, for headers, the archive and tests."""
+
+    rounds: int = 0
+    internal: list[dict[str, Any]] = field(default_factory=list)  # the proxy's calls + results
+    usage: dict[str, Any] | None = None
+
+    def add_usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        if self.usage is None:
+            self.usage = {}
+        for key, value in usage.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.usage[key] = self.usage.get(key, 0) + value
+            elif isinstance(value, dict):
+                inner = self.usage.setdefault(key, {})
+                if isinstance(inner, dict):
+                    for k, v in value.items():
+                        if isinstance(v, int) and not isinstance(v, bool):
+                            inner[k] = inner.get(k, 0) + v
+
+
+def _split_calls(msg: dict[str, Any], name: str) -> tuple[list[Any], list[Any]]:
+    calls = msg.get("tool_calls") or []
+    ours = [c for c in calls if isinstance(c, dict) and (c.get("function") or {}).get("name") == name]
+    theirs = [c for c in calls if c not in ours]
+    return ours, theirs
+
+
+def _results(tool: ReadTool, identity: Identity, calls: list[Any]) -> list[dict[str, Any]]:
+    return [
+        {"role": "tool", "tool_call_id": c.get("id"),
+         "content": tool.run(identity, (c.get("function") or {}).get("arguments") or "{}")}
+        for c in calls
+    ]
+
+
+def _request(body: dict[str, Any], messages: list[dict[str, Any]], tool: ReadTool, last: bool) -> dict[str, Any]:
+    req = {**body, "messages": messages}
+    if last:  # the final round cannot read any more: offer only the client's own tools
+        tools = [t for t in req.get("tools") or [] if (t.get("function") or {}).get("name") != tool.name]
+        req["tools"] = tools
+        if not tools:
+            req.pop("tools")
+            req.pop("tool_choice", None)
+            req.pop("parallel_tool_calls", None)
+    return req
+
+
+class ReadLoop:
+    def __init__(self, upstream: Upstream, tool: ReadTool, max_rounds: int) -> None:
+        self.upstream = upstream
+        self.tool = tool
+        self.max_rounds = max_rounds
+
+    async def _post(self, url: str, headers: list[tuple[str, str]], req: dict[str, Any]) -> aiohttp.ClientResponse:
+        return await self.upstream.send("POST", url, headers, orjson.dumps(req))
+
+    async def non_stream(
+        self, send: Send, body: dict[str, Any], url: str, headers: list[tuple[str, str]],
+        extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+    ) -> Rounds:
+        state = Rounds()
+        messages = list(body["messages"])
+        while True:
+            last = state.rounds >= self.max_rounds
+            resp = await self._post(url, headers, _request(body, messages, self.tool, last))
+            async with resp:
+                try:
+                    payload = await resp.read()
+                except TimeoutError:
+                    raise UpstreamTimeout("upstream stopped sending its answer") from None
+                except aiohttp.ClientError as exc:
+                    raise UpstreamError(f"upstream answer broke off: {type(exc).__name__}") from None
+                out_headers = response_headers(resp)
+                status = resp.status
+            data = _completion(payload) if status == 200 else None
+            if data is None:  # errors and odd bodies pass through as they came
+                await _send_whole(send, status, out_headers + extra, payload)
+                return state
+            state.add_usage(data.get("usage"))
+            msg = data["choices"][0].get("message") or {}
+            ours, theirs = _split_calls(msg, self.tool.name)
+            if ours and not theirs and not last:
+                results = _results(self.tool, identity, ours)
+                messages += [msg, *results]
+                state.internal += [msg, *results]
+                state.rounds += 1
+                continue
+            if state.rounds == 0 and not ours:
+                final = payload  # nothing of ours happened: the client gets the bytes as they came
+            else:
+                if ours:
+                    _drop_calls(data["choices"][0], theirs)
+                if state.usage is not None:
+                    data["usage"] = state.usage
+                final = orjson.dumps(data)
+            tap(final)
+            rounds_h = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
+            await _send_whole(send, status, out_headers + extra + [rounds_h], final)
+            return state
+
+    async def stream(
+        self, send: Send, body: dict[str, Any], url: str, headers: list[tuple[str, str]],
+        extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+    ) -> Rounds:
+        state = Rounds()
+        raw_options = body.get("stream_options")
+        options: dict[str, Any] = raw_options if isinstance(raw_options, dict) else {}
+        want_usage = bool(options.get("include_usage"))
+        body = {**body, "stream_options": {**options, "include_usage": True}}
+        messages = list(body["messages"])
+        started = False
+        meta: dict[str, Any] = {}
+        client_index: dict[int, int] = {}
+
+        async def emit(chunk: bytes) -> None:
+            tap(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        while True:
+            last = state.rounds >= self.max_rounds
+            resp = await self._post(url, headers, _request(body, messages, self.tool, last))
+            async with resp:
+                if resp.status != 200 or resp.content_type != "text/event-stream":
+                    payload = await resp.read()
+                    if not started:
+                        await _send_whole(send, resp.status, response_headers(resp) + extra, payload)
+                        return state
+                    await emit(sse_error_event(f"upstream answered {resp.status} in a read round",
+                                               "upstream_error"))
+                    break
+                if not started:
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": response_headers(resp) + extra})
+                    started = True
+                rnd = _Round(self.tool.name, client_index)
+                try:
+                    async for event in _events(resp):
+                        for out in rnd.feed(event, meta):
+                            await emit(out)
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    log.warning("upstream stream broke off in a read round: %s", type(exc).__name__)
+                    await emit(sse_error_event("upstream stream broke off", "upstream_stream_broken"))
+                    break
+            state.add_usage(rnd.usage)
+            if rnd.ours and not rnd.theirs and not last:
+                calls = rnd.our_calls()
+                msg = {"role": "assistant", "content": rnd.text or None, "tool_calls": calls}
+                results = _results(self.tool, identity, calls)
+                messages += [msg, *results]
+                state.internal += [msg, *results]
+                state.rounds += 1
+                continue
+            for out in rnd.finish(meta):
+                await emit(out)
+            break
+        if want_usage and state.usage is not None:
+            await emit(b"data: " + orjson.dumps({**meta, "object": "chat.completion.chunk",
+                                                   "choices": [], "usage": state.usage}) + b"\n\n")
+        await emit(_DONE)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return state
+
+
+class _Round:
+    """Filters one round's chunks: withholds the proxy's tool calls and the usage chunk."""
+
+    def __init__(self, name: str, client_index: dict[int, int]) -> None:
+        self.name = name
+        self.mine: dict[int, bool] = {}
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.client_index = client_index
+        self.ours = False
+        self.theirs = False
+        self.text = ""
+        self.usage: Any = None
+        self.pending_finish: dict[str, Any] | None = None
+
+    def feed(self, data: bytes, meta: dict[str, Any]) -> list[bytes]:
+        if data == b"[DONE]":
+            return []
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return [b"data: " + data + b"\n\n"]
+        if not isinstance(chunk, dict):
+            return [b"data: " + data + b"\n\n"]
+        for key in ("id", "created", "model", "system_fingerprint"):
+            if key in chunk and key not in meta:
+                meta[key] = chunk[key]
+        if chunk.get("usage") is not None:
+            self.usage = chunk.pop("usage")
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return []  # the usage chunk: summed and sent once at the very end
+        out_choices = []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                self.text += delta["content"]
+            kept = []
+            for tc in delta.get("tool_calls") or []:
+                idx = tc.get("index", 0)
+                fn = tc.get("function") or {}
+                if idx not in self.mine:
+                    self.mine[idx] = fn.get("name") == self.name
+                    if self.mine[idx]:
+                        self.ours = True
+                    else:
+                        self.theirs = True
+                        self.client_index.setdefault(idx, len(self.client_index))
+                if self.mine[idx]:
+                    call = self.calls.setdefault(idx, {"id": tc.get("id"), "type": "function",
+                                                        "function": {"name": self.name, "arguments": ""}})
+                    call["function"]["arguments"] += fn.get("arguments") or ""
+                    continue
+                kept.append({**tc, "index": self.client_index[idx]})
+            if "tool_calls" in delta:
+                delta = {**delta, "tool_calls": kept} if kept else {k: v for k, v in delta.items() if k != "tool_calls"}
+            choice = {**choice, "delta": delta}
+            if choice.get("finish_reason") is not None:
+                self.pending_finish = choice  # known only at the end whether the round continues
+                continue
+            if delta or choice.get("logprobs"):
+                out_choices.append(choice)
+        if not out_choices:
+            return []
+        return [b"data: " + orjson.dumps({**chunk, "choices": out_choices}) + b"\n\n"]
+
+    def our_calls(self) -> list[dict[str, Any]]:
+        return [self.calls[i] for i in sorted(self.calls)]
+
+    def finish(self, meta: dict[str, Any]) -> list[bytes]:
+        if self.pending_finish is None:
+            return []
+        choice = dict(self.pending_finish)
+        if self.ours and not self.theirs and choice.get("finish_reason") == "tool_calls":
+            choice["finish_reason"] = "stop"
+        chunk = {**meta, "object": "chat.completion.chunk", "choices": [choice]}
+        return [b"data: " + orjson.dumps(chunk) + b"\n\n"]
+
+
+async def _events(resp: aiohttp.ClientResponse) -> Any:
+    """SSE `data:` payloads of a response, one per event."""
+    buf = b""
+    async for chunk in resp.content.iter_any():
+        buf += chunk.replace(b"\r\n", b"\n")
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+            if lines:
+                yield b"\n".join(lines)
+
+
+def _completion(payload: bytes) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        return None
+    return data
+
+
+def _drop_calls(choice: dict[str, Any], theirs: list[Any]) -> None:
+    msg = dict(choice.get("message") or {})
+    if theirs:
+        msg["tool_calls"] = theirs
+    else:
+        msg.pop("tool_calls", None)
+        if choice.get("finish_reason") == "tool_calls":
+            choice["finish_reason"] = "stop"
+    choice["message"] = msg
+
+
+async def _send_whole(send: Send, status: int, headers: Headers, payload: bytes) -> None:
+    headers = [*headers, (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
