@@ -212,3 +212,33 @@ def test_mode_none_gives_the_files_url(make_proxy: ProxyFactory, fake: FakeUpstr
     assert notice is not None and notice.file_path.startswith("http://proxy.example:4000/files/")
     assert notice.file_path.endswith(".txt") and "/tool_result/" in notice.file_path
     assert "tools" not in sent
+
+
+def test_dialog_file_read_from_the_end(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    from proxy.compaction.message import summary_body
+
+    from .test_compaction import SUMMARY, history as long_history, is_summarizer
+
+    seen: dict[str, Any] = {}
+
+    def responder(body: dict[str, Any]) -> Reply:
+        if is_summarizer(body):
+            return Reply(content=SUMMARY)
+        msgs = body["messages"]
+        if msgs[-1]["role"] == "tool":
+            seen["result"] = msgs[-1]["content"]
+            return Reply(content="read it")
+        summary = msgs[1]["content"]
+        assert summary_body(summary) is not None
+        pointer = summary.split("saved in ", 1)[1].split(".", 1)[0] + ".jsonl"
+        seen["pointer"] = summary
+        return Reply(content=None, tool_calls=[{"name": "read_offloaded", "arguments": {
+            "file_path": pointer.split(" lines")[0], "start_line": 3}}])
+
+    fake.responder = responder
+    srv = make_proxy({"compaction": {"context_windows": {"gpt-4o": 4000}}})
+    resp = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-t", max_retries=0).chat.completions.create(
+        model="gpt-4o", messages=long_history(30))  # type: ignore[arg-type]
+    assert resp.choices[0].message.content == "read it"
+    record = orjson.loads(seen["result"].splitlines()[0])
+    assert record["pos"] == 2 and record["message"]["role"] == "assistant"  # archived line 3
