@@ -9,7 +9,7 @@ from typing import Any
 
 from .runtime import Runtime
 from .session import Identity
-from .store.dialog import chain_hashes
+from .store.dialog import chain_hashes, chain_step
 from .upstream.assemble import StreamAssembler, message_from_completion
 
 log = logging.getLogger("proxy.store")
@@ -56,10 +56,13 @@ async def record_request(
     """Archive what the client sent before anything can go wrong upstream; never raises."""
     if rt.archive is None or len(chains) != len(messages):
         return
+    if rt.known.all_known(identity.tenant, identity.session, chains):
+        return  # a resent history: nothing new to write, no thread hop, no query
     try:
         await asyncio.to_thread(
             rt.archive.record, identity.tenant, identity.session, messages, chains=chains
         )
+        rt.known.add(identity.tenant, identity.session, chains)
     except Exception as exc:
         log.warning("dialog archive write failed (%s); forwarding anyway", exc)
 
@@ -74,26 +77,38 @@ def record_answer_later(
     internal: Sequence[Any] = (),
 ) -> None:
     """After the response: archive the answer and count the turn, off the request's path."""
-    if rt.archive is None or rt.db is None:
+    if rt.archive is None or rt.stats is None:
         return
+    rt.stats.add(
+        identity.tenant,
+        identity.session,
+        turns=1,
+        tokens_in=int(stats.get("tokens_in", 0)),
+        tokens_out=int(stats.get("tokens_out", 0)),
+        compactions=int(stats.get("compactions", 0)),
+        offloads=int(stats.get("offloaded", 0)),
+    )
     answer = tap.message()
-    archive, db = rt.archive, rt.db
+    if answer is None and not internal:
+        return
+    archive = rt.archive
+    if not internal and len(chains) == len(messages):
+        answer_chain = chain_step(chains[-1] if chains else None, answer, archive.digest_cache)
+        if rt.known.all_known(identity.tenant, identity.session, (answer_chain,)):
+            return
 
     def work() -> None:
         if internal:
             # The proxy's own read rounds: archived (lossless) as the continuation the model saw.
-            archive.record(identity.tenant, identity.session, [*messages, *internal], answer=answer)
-        elif answer is not None and len(chains) == len(messages):
-            archive.record(identity.tenant, identity.session, messages, chains=chains, answer=answer)
-        db.update_session_stats(
-            identity.tenant,
-            identity.session,
-            turns=1,
-            tokens_in=int(stats.get("tokens_in", 0)),
-            tokens_out=int(stats.get("tokens_out", 0)),
-            compactions=int(stats.get("compactions", 0)),
-            offloads=int(stats.get("offloaded", 0)),
-        )
+            result = archive.record(
+                identity.tenant, identity.session, [*messages, *internal], answer=answer
+            )
+        else:
+            result = archive.record(
+                identity.tenant, identity.session, messages, chains=chains, answer=answer
+            )
+        if result.answer_chain is not None:
+            rt.known.add(identity.tenant, identity.session, (result.answer_chain,))
 
     async def run() -> None:
         try:

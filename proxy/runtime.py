@@ -11,6 +11,7 @@ from typing import Any
 from .compaction.client import SummarizerClient
 from .compaction.engine import CompactStage
 from .config import Config
+from .hotcache import KnownChains, StatsBuffer
 from .models import ContextWindows
 from .pipeline import Stage
 from .pipeline.count import CountStage, RequestCounter
@@ -50,6 +51,9 @@ class Runtime:
     gc_task: asyncio.Task[None] | None = None
     reader: ReadTool | None = None
     readloop: ReadLoop | None = None
+    known: KnownChains = field(default_factory=KnownChains)
+    stats: StatsBuffer | None = None
+    stats_task: asyncio.Task[None] | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run work after the response (persisting): tracked so shutdown can wait for it."""
@@ -107,6 +111,8 @@ async def open_runtime(config: Config, stages: Sequence[Stage] | None = None) ->
     built: list[Stage] = [offload]
     if db is not None:
         rt.db = db
+        rt.stats = StatsBuffer(db)
+        rt.stats_task = asyncio.create_task(rt.stats.run())
         rt.archive = DialogArchive(config.storage.data_dir, db, digest_cache=DigestCache())
         rt.summaries = SummaryStore(db, config.storage.data_dir)
         windows = ContextWindows(config.compaction.context_windows)
@@ -147,6 +153,12 @@ async def close_runtime(rt: Runtime) -> None:
         await rt.compact.close()
     if rt.gc_task is not None:
         rt.gc_task.cancel()
+    if rt.stats_task is not None:
+        rt.stats_task.cancel()  # its finally writes what is still pending
+        try:
+            await rt.stats_task
+        except BaseException:
+            pass
     pending = [t for t in rt.tasks if not t.done()]
     if pending:
         await asyncio.wait(pending, timeout=10)

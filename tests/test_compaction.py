@@ -275,10 +275,16 @@ def test_session_stats_are_recorded(make_proxy: ProxyFactory, fake: FakeUpstream
     srv = make_proxy(WINDOW)
     post(srv, history(3), sid="stats")
     post(srv, history(30), sid="stats")
-    time.sleep(0.3)
     db = Database.in_dir(tmp_path / "data")
     try:
-        [row] = [s for s in db.sessions(None) if s.session == "stats"]
+        deadline = time.monotonic() + 5  # counters are written in batches, about once a second
+        rows: list[Any] = []
+        while time.monotonic() < deadline:
+            rows = [s for s in db.sessions(None) if s.session == "stats"]
+            if rows and rows[0].turns == 2:
+                break
+            time.sleep(0.1)
+        [row] = rows
         assert row.turns == 2 and row.compactions == 1 and row.tokens_in > row.tokens_out > 0
     finally:
         db.close()

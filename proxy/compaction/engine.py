@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..config import CompactionConfig
+from ..hotcache import SummaryIndex
 from ..models import ContextWindows
 from ..pipeline import Message, RequestView, StageOutcome
 from ..pipeline.ageing import tool_turns
@@ -99,6 +100,8 @@ class CompactStage:
         self.offload = offload
         self.old_max_bytes = old_max_bytes
         self.read_tool = read_tool
+        self.index = SummaryIndex(summaries.db)
+        self._records: OrderedDict[FlightKey, SummaryRecord] = OrderedDict()
         self._flights: dict[FlightKey, asyncio.Future[SummaryRecord]] = {}
         self._prepared: OrderedDict[FlightKey, Prepared] = OrderedDict()
         self.compactions = 0
@@ -237,6 +240,8 @@ class CompactStage:
             # The request that makes the compaction fixes when ageing happens (`_aged`).
             record = dataclasses.replace(record, seen=len(request.chains))
             stored = await asyncio.to_thread(self.summaries.put, record)
+            self.index.add(stored.tenant, stored.session, stored.chain)
+            self._records[(stored.tenant, stored.session, stored.chain)] = stored
             self.compactions += 1
             future.set_result(stored)
             return stored
@@ -282,6 +287,24 @@ class CompactStage:
             return plan
         return None
 
+    async def _latest(self, tenant: str, session: str, chains: Sequence[str]) -> SummaryRecord | None:
+        """The newest summary this history starts with; no query when the session has none."""
+        known = self.index.cached(tenant, session)
+        if known is None:
+            known = await asyncio.to_thread(self.index.load, tenant, session)
+        chain = self.index.latest(known, chains)
+        if chain is None:
+            return None
+        cached = self._records.get((tenant, session, chain))
+        if cached is not None:
+            return cached
+        rec = await asyncio.to_thread(self.summaries.get, tenant, session, chain)
+        if rec is not None:
+            self._records[(tenant, session, chain)] = rec
+            while len(self._records) > 4096:
+                self._records.popitem(last=False)
+        return rec
+
     # -- the stage ---------------------------------------------------------------------------
 
     async def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
@@ -290,9 +313,7 @@ class CompactStage:
         ident = request.identity
         head = leading_system_count(messages)
         budget = self.budget(request)
-        rec = await asyncio.to_thread(
-            self.summaries.find_latest, ident.tenant, ident.session, list(request.chains)
-        )
+        rec = await self._latest(ident.tenant, ident.session, request.chains)
         if rec is not None and not (
             rec.upto <= len(messages) and rec.head == head and request.chains[rec.upto - 1] == rec.chain
         ):
