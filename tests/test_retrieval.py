@@ -217,7 +217,8 @@ def test_mode_none_gives_the_files_url(make_proxy: ProxyFactory, fake: FakeUpstr
 def test_dialog_file_read_from_the_end(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
     from proxy.compaction.message import summary_body
 
-    from .test_compaction import SUMMARY, history as long_history, is_summarizer
+    from .test_compaction import SUMMARY, is_summarizer
+    from .test_compaction import history as long_history
 
     seen: dict[str, Any] = {}
 
