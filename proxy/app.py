@@ -22,6 +22,7 @@ from .pipeline import Stage
 from .relay import Receive, Scope, Send, send_error
 from .routes import Health, Models, PassThrough
 from .runtime import close_runtime, open_runtime
+from .web.routes import FilesApp
 
 log = logging.getLogger("proxy")
 
@@ -104,11 +105,14 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> Acce
 
     chat = ChatCompletions()
     passthrough = PassThrough()
+    files = FilesApp()
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", Models(), methods=["GET"]),
         Route("/healthz", Health(), methods=["GET"]),
+        Route("/files", files, methods=["GET"]),
+        Route("/files/{rest:path}", files, methods=["GET"]),
         Route("/v1/{rest:path}", passthrough, methods=_METHODS),
     ]
     app = Starlette(

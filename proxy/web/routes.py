@@ -1,0 +1,388 @@
+"""``GET /files...``: sessions, summaries, dialogs and offloaded files (SPEC section 8).
+
+Every view builds one JSON-able payload; JSON clients get it as is and browsers get it rendered
+by :mod:`proxy.web.render`, so both always show the same data.
+
+The format a request gets is decided by :func:`proxy.web.access.ask_of`; index and session
+views have no text form and answer non-HTML clients with JSON.
+
+Paths are parsed here from the decoded URL path, one validated name per segment, and every file
+is opened through :mod:`proxy.web.access`; a segment that decoded to ``..``, ``/``, ``\\``, NUL or
+anything else outside the name alphabet is simply not found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy.errors import BadRequest, NotFound, ProxyError
+from proxy.relay import Receive, Scope, Send
+from proxy.routes import runtime_of
+from proxy.runtime import Runtime
+from proxy.store.db import SessionRow, format_ts
+from proxy.store.paths import InvalidName, check_name
+from proxy.store.tool_results import OffloadedFileMissing
+from proxy.web import render
+from proxy.web.access import (
+    Ask,
+    AuthRequired,
+    Caller,
+    Fmt,
+    Hidden,
+    Window,
+    ask_of,
+    identify,
+    iter_chunks,
+    list_files,
+    open_dir,
+    open_file,
+    read_window,
+)
+
+__all__ = ["MAX_LINES", "PAGE_BYTES", "PAGE_LINES", "PAGE_RECORDS", "FilesApp"]
+
+PAGE_LINES: Final = 2000  # offloaded-file lines per page (HTML and JSON)
+PAGE_RECORDS: Final = 200  # dialog records per page: each may hold a whole tool output
+PAGE_BYTES: Final = 4 << 20  # file bytes per HTML/JSON page, whatever the line count
+MAX_LINES: Final = 1_000_000  # largest ?lines= accepted
+_DIALOG_NAME: Final = re.compile(r"\d{4}-\d{2}-\d{2}\.jsonl")
+_NUMBER: Final = re.compile(r"[0-9]{1,9}")
+# Private data, and the files hold arbitrary tool output: never cached, never sniffed as HTML,
+# no scripts, frames or outbound requests.
+SECURITY_HEADERS: Final = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+_TEXT: Final = "text/plain; charset=utf-8"
+
+
+class FilesApp:
+    """The ASGI endpoint behind ``/files`` and ``/files/{rest:path}``."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        ask = ask_of(request.headers, request.query_params, scope.get("root_path", ""))
+        try:
+            rt = runtime_of(scope)
+            caller = identify(
+                request.headers, rt.config.auth.master_key, login=ask.query.get("login") == "1"
+            )
+            rest: str = scope.get("path_params", {}).get("rest", "")
+            # Disk and database work happens off the event loop; chat traffic must not wait.
+            response = await asyncio.to_thread(_dispatch, rt, caller, ask, rest)
+        except ProxyError as exc:
+            response = _error(exc, ask)
+        await response(scope, receive, send)
+
+
+def _error(exc: ProxyError, ask: Ask) -> Response:
+    headers = dict(SECURITY_HEADERS)
+    if isinstance(exc, AuthRequired):
+        headers.update(exc.headers)
+    # An HTML page only for a client that asked for HTML (a browser); everyone else, curl
+    # and fetch tools included, gets the API's usual envelope.
+    if ask.explicit and ask.fmt == "html":
+        page = render.error_page(exc.status, exc.message, ask.base)
+        return Response(page, exc.status, headers, "text/html; charset=utf-8")
+    return Response(exc.body(), exc.status, headers, "application/json")
+
+
+def _gone() -> NotFound:
+    # One message for "missing", "another tenant's" and "refused": existence is never revealed.
+    return NotFound("no such session or file")
+
+
+def _valid(name: str) -> bool:
+    try:
+        check_name(name)
+    except InvalidName:
+        return False
+    return True
+
+
+def _dispatch(rt: Runtime, caller: Caller, ask: Ask, rest: str) -> Response:
+    parts = rest.split("/") if rest else []
+    if parts and parts[-1] == "":
+        parts.pop()  # one trailing slash is harmless
+    if not parts:
+        return _respond(ask.fmt, _index(rt, caller, ask), render.index_page)
+    if len(parts) < 2 or not all(_valid(p) for p in parts[:2]):
+        raise _gone()
+    tenant, session = parts[0], parts[1]
+    if not caller.may_see(tenant):
+        raise _gone()
+    if len(parts) == 2:
+        return _respond(ask.fmt, _session(rt, tenant, session, ask), render.session_page)
+    if len(parts) != 4:
+        raise _gone()
+    kind, name = parts[2], parts[3]
+    if kind == "dialog" and _DIALOG_NAME.fullmatch(name):
+        return _paged(rt, tenant, session, kind, name, ask, PAGE_RECORDS, render.dialog_page,
+                      _records)
+    if kind == "tool_result" and name.endswith(".txt") and _valid(name):
+        return _paged(rt, tenant, session, kind, name, ask, PAGE_LINES, render.tool_result_page,
+                      _lines)
+    if kind == "summaries" and name.endswith(".md") and _valid(name):
+        return _summary(rt, tenant, session, name, ask)
+    raise _gone()
+
+
+def _respond(fmt: Fmt, payload: dict[str, Any], page: render.Page) -> Response:
+    if fmt == "html":
+        return Response(page(payload), 200, SECURITY_HEADERS, "text/html; charset=utf-8")
+    return Response(orjson.dumps(payload), 200, SECURITY_HEADERS, "application/json")
+
+
+def _mtime(seconds: float) -> str:
+    return format_ts(datetime.fromtimestamp(seconds, UTC))
+
+
+def _session_row(row: SessionRow, base: str) -> dict[str, Any]:
+    return {
+        "tenant": row.tenant,
+        "session": row.session,
+        "url": f"{base}/{row.tenant}/{row.session}",
+        "turns": row.turns,
+        "messages": row.messages,
+        "tokens_in": row.tokens_in,
+        "tokens_out": row.tokens_out,
+        "saved_ratio": round(row.saved_ratio, 4),
+        "compactions": row.compactions,
+        "offloads": row.offloads,
+        "first_seen": format_ts(row.first_seen),
+        "last_seen": format_ts(row.last_seen),
+    }
+
+
+def _index(rt: Runtime, caller: Caller, ask: Ask) -> dict[str, Any]:
+    rows = rt.db.sessions(caller.scope) if rt.db is not None else []
+    return {
+        "url": ask.base,
+        "tenant": caller.scope,
+        "master": caller.master,
+        "database": rt.db is not None,
+        "sessions": [_session_row(r, ask.base) for r in rows],
+    }
+
+
+def _known(rt: Runtime, tenant: str, session: str) -> SessionRow | bool:
+    """The session's counters, True for a directory without them, False when unknown."""
+    row = rt.db.session_stats(tenant, session) if rt.db is not None else None
+    if row is not None:
+        return row
+    try:
+        fd = open_dir(rt.config.storage.data_dir, [tenant, session])
+    except Hidden:
+        return False
+    os.close(fd)
+    return True
+
+
+def _session(rt: Runtime, tenant: str, session: str, ask: Ask) -> dict[str, Any]:
+    known = _known(rt, tenant, session)
+    if known is False:
+        raise _gone()
+    data_dir = rt.config.storage.data_dir
+    url = f"{ask.base}/{tenant}/{session}"
+    history = rt.summaries.history(tenant, session) if rt.summaries is not None else []
+    summaries = [
+        {
+            "name": rec.md_name,
+            "url": f"{url}/{rec.md_relpath}",
+            "created_at": format_ts(rec.created_at),
+            "source": rec.source,
+            "model": rec.model,
+            "head": rec.head,
+            "upto": rec.upto,
+            "tokens_before": rec.tokens_before,
+            "tokens_after": rec.tokens_after,
+            "dialog": rec.pointer,
+            "text": rec.text,
+        }
+        for rec in history
+    ]
+    dialogs = sorted(
+        (e for e in list_files(data_dir, [tenant, session, "dialog"], ".jsonl")
+         if _DIALOG_NAME.fullmatch(e.name)),
+        key=lambda e: e.name,
+    )
+    results = list_files(data_dir, [tenant, session, "tool_result"], ".txt")
+    return {
+        "tenant": tenant,
+        "session": session,
+        "url": url,
+        "stats": _session_row(known, ask.base) if isinstance(known, SessionRow) else None,
+        "summaries": summaries,
+        "dialog_files": [
+            {"name": e.name, "url": f"{url}/dialog/{e.name}", "size": e.size,
+             "mtime": _mtime(e.mtime)}
+            for e in dialogs
+        ],
+        "tool_results": [
+            {"name": e.name, "id": e.name.removesuffix(".txt"),
+             "url": f"{url}/tool_result/{e.name}", "size": e.size, "mtime": _mtime(e.mtime)}
+            for e in results
+        ],
+    }
+
+
+def _number(ask: Ask, name: str, *, minimum: int, maximum: int) -> int | None:
+    raw = ask.query.get(name)
+    if raw is None or raw == "":
+        return None
+    if not _NUMBER.fullmatch(raw) or not minimum <= int(raw) <= maximum:
+        shown = raw if len(raw) <= 20 else raw[:20] + "..."
+        raise BadRequest(
+            f"{name} must be a whole number from {minimum} to {maximum}, got {shown!r}",
+            param=name,
+        )
+    return int(raw)
+
+
+def _window(ask: Ask, fd: int, fmt: Fmt, page: int) -> Window:
+    start = _number(ask, "start_line", minimum=1, maximum=10**9 - 1) or 1
+    count = _number(ask, "lines", minimum=1, maximum=MAX_LINES)
+    if fmt == "text":
+        # Raw text is exactly what was asked for: no page size, no byte budget.
+        window = read_window(fd, start, count, sys.maxsize)
+    else:
+        window = read_window(fd, start, count or page, PAGE_BYTES)
+    if start > max(window.total_lines, 1):
+        raise BadRequest(
+            f"start_line {start} is past the end of the file ({window.total_lines} lines)",
+            param="start_line",
+        )
+    return window
+
+
+def _pager(window: Window, url: str, ask: Ask, page: int) -> dict[str, Any]:
+    count = _number(ask, "lines", minimum=1, maximum=MAX_LINES) or page
+    start = window.start_line
+    return {
+        "url": url,
+        "total_lines": window.total_lines,
+        "start_line": start,
+        "end_line": start + len(window.lines) - 1,
+        "page_lines": count,
+        "next_start_line": window.next_start,
+        "prev_start_line": max(1, start - count) if start > 1 else None,
+    }
+
+
+def _text(lines: list[bytes]) -> Response:
+    return Response(b"".join(lines), 200, SECURITY_HEADERS, _TEXT)
+
+
+def _stream(fd: int, size: int) -> Response:
+    headers = {**SECURITY_HEADERS, "Content-Length": str(size)}
+    return StreamingResponse(iter_chunks(fd, size), 200, headers, _TEXT)
+
+
+def _open(
+    rt: Runtime, tenant: str, session: str, kind: str, name: str
+) -> tuple[int, os.stat_result]:
+    try:
+        return open_file(rt.config.storage.data_dir, [tenant, session, kind, name])
+    except Hidden as exc:
+        if kind == "tool_result" and exc.absent:
+            raise _expired(rt, tenant, session, name) from None
+        raise _gone() from None
+
+
+def _expired(rt: Runtime, tenant: str, session: str, name: str) -> NotFound:
+    """The store's own explanation for a file that is gone from a session the caller owns
+    (the path was checked: nothing, not even a symlink, has that name)."""
+    if _known(rt, tenant, session) is False:
+        return _gone()
+    try:
+        rt.tool_results.read(tenant, session, name.removesuffix(".txt"))
+    except OffloadedFileMissing as exc:
+        return NotFound(str(exc))
+    except (OSError, ValueError):
+        pass
+    return _gone()
+
+
+def _paged(
+    rt: Runtime, tenant: str, session: str, kind: str, name: str, ask: Ask, page: int,
+    view: render.Page, content: Callable[[Window], dict[str, Any]],
+) -> Response:
+    """A file as raw text (whole or a window), or one page of it as HTML/JSON."""
+    fd, info = _open(rt, tenant, session, kind, name)
+    fmt = ask.file_fmt()
+    if fmt == "text" and "start_line" not in ask.query and "lines" not in ask.query:
+        return _stream(fd, info.st_size)  # the stream closes fd
+    try:
+        window = _window(ask, fd, fmt, page)
+    finally:
+        os.close(fd)
+    if fmt == "text":
+        return _text(window.lines)
+    url = f"{ask.base}/{tenant}/{session}/{kind}/{name}"
+    payload = {
+        "tenant": tenant,
+        "session": session,
+        "file": f"{kind}/{name}",
+        "size": info.st_size,
+        "mtime": _mtime(info.st_mtime),
+        **_pager(window, url, ask, page),
+        **content(window),
+    }
+    return _respond(fmt, payload, view)
+
+
+def _lines(window: Window) -> dict[str, Any]:
+    return {"lines": [line.decode("utf-8", "replace").removesuffix("\n") for line in window.lines]}
+
+
+def _records(window: Window) -> dict[str, Any]:
+    """Archive lines as records; a blank line is skipped, an unreadable one (torn by a crash)
+    is reported, and a chain repeated after a crash between append and commit is shown once,
+    as :meth:`DialogArchive.read_dialog_lines` does."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(window.lines, start=window.start_line):
+        if not raw.strip():
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            out.append({"line": number, "unreadable": True})
+            continue
+        chain = obj.get("chain")
+        if isinstance(chain, str):
+            if chain in seen:
+                continue
+            seen.add(chain)
+        fields = ("pos", "role", "ts", "chain", "parent", "message")
+        out.append({"line": number, **{f: obj.get(f) for f in fields}})
+    return {"records": out}
+
+
+def _summary(rt: Runtime, tenant: str, session: str, name: str, ask: Ask) -> Response:
+    fd, info = _open(rt, tenant, session, "summaries", name)
+    if ask.fmt != "json":
+        return _stream(fd, info.st_size)  # markdown is shown as text, browsers included
+    try:
+        window = read_window(fd, 1, None, sys.maxsize)
+    finally:
+        os.close(fd)
+    text = b"".join(window.lines).decode("utf-8", "replace")
+    payload = {"tenant": tenant, "session": session, "file": f"summaries/{name}", "text": text}
+    return Response(orjson.dumps(payload), 200, SECURITY_HEADERS, "application/json")

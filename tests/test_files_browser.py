@@ -1,0 +1,93 @@
+"""/files in a real browser: what a person sees, clicking from the list to an offloaded file."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from proxy.testing.fake_upstream import FakeUpstream
+
+from .conftest import ProxyFactory
+from .test_files_web import KEY_A, TENANT_A, USER_ASK, build
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (CI's .ci/run does)")
+    with sync_api.sync_playwright() as pw:
+        instance = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            yield instance
+        finally:
+            instance.close()
+
+
+def test_a_person_browses_sessions_dialog_and_an_offloaded_file(
+    browser: Browser, make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    corpus = build(make_proxy, fake, tmp_path)
+    context = browser.new_context(
+        extra_http_headers={"Authorization": f"Bearer {KEY_A}"},
+        viewport={"width": 1280, "height": 900},
+    )
+    try:
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        page.goto(corpus.url + "/files")
+        expect = sync_api.expect
+        expect(page.locator("h1")).to_have_text("Sessions")
+        expect(page.get_by_role("link", name="build-1")).to_be_visible()
+        expect(page.get_by_role("link", name="compact-1")).to_be_visible()
+        expect(page.get_by_text("other-1")).to_have_count(0)  # another tenant's session
+        page.screenshot(path=str(tmp_path / "index.png"), full_page=True)
+
+        page.get_by_role("link", name="build-1").click()
+        expect(page).to_have_url(f"{corpus.url}/files/{TENANT_A}/build-1")
+        expect(page.locator("h1")).to_have_text("build-1")
+        expect(page.get_by_role("heading", name="Offloaded tool results (1)")).to_be_visible()
+        session_shot = tmp_path / "session.png"
+        page.screenshot(path=str(session_shot), full_page=True)
+
+        page.locator("a[href*='/dialog/']").first.click()
+        expect(page.locator(".msg.user").first).to_contain_text(USER_ASK)
+        expect(page.locator(".msg.user .tag").first).to_have_text("[image]")
+        expect(page.locator(".msg.assistant .call").first).to_contain_text("run_shell")
+        result = page.locator(".msg.tool details").first
+        expect(result.locator("pre")).not_to_be_visible()  # a long result starts collapsed
+        result.locator("summary").click()
+        expect(result.locator("pre")).to_be_visible()
+        page.screenshot(path=str(tmp_path / "dialog.png"))
+
+        page.go_back()
+        page.locator("a[href*='/tool_result/']").first.click()
+        row = page.locator("tr#L712")
+        expect(row.locator("td.n")).to_have_text("712")
+        expect(row.locator("td.t")).to_have_text("line 712: output of the build step 712 " + "x" * 40)
+        expect(page.get_by_role("link", name="next →").first).to_be_visible()
+        row.locator("td.n a").click()  # a line number is a link to itself, highlighted
+        expect(page).to_have_url(re.compile(r"#L712$"))
+        shot = tmp_path / "tool_result.png"
+        page.screenshot(path=str(shot))
+        page.get_by_role("link", name="next →").first.click()
+        expect(page.locator("tr#L2001 td.n")).to_have_text("2001")
+    finally:
+        context.close()
+    for png in (shot, session_shot):
+        data = png.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
