@@ -1,4 +1,4 @@
-"""One access line per request: method, path, status, upstream ms, bytes."""
+"""One access line and the request metrics per request: method, path, status, timings, bytes."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Any
 
+from .metrics import Metrics
 from .relay import Message, Receive, Scope, Send
 
 log = logging.getLogger("proxy.access")
@@ -14,11 +15,12 @@ log = logging.getLogger("proxy.access")
 class AccessLog:
     """Pure ASGI middleware: cheaper than BaseHTTPMiddleware and it never buffers a stream."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, metrics: Metrics | None = None) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not log.isEnabledFor(logging.INFO):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -39,13 +41,18 @@ class AccessLog:
             timing = scope.get("state", {}).get("ctxproxy_timing")
             upstream_ms = timing.upstream_ms if timing is not None else None
             pipeline_ms = timing.pipeline_ms if timing is not None else None
-            log.info(
-                "%s %s %d upstream_ms=%s pipeline_ms=%s bytes=%d total_ms=%.1f",
-                scope["method"],
-                scope["path"],
-                status or 499,
-                "-" if upstream_ms is None else f"{upstream_ms:.1f}",
-                "-" if pipeline_ms is None else f"{pipeline_ms:.2f}",
-                sent,
-                (time.perf_counter() - started) * 1000,
-            )
+            if self.metrics is not None:
+                self.metrics.observe_request(scope["path"], status or 499, upstream_ms)
+                if pipeline_ms is not None:
+                    self.metrics.pipeline_seconds.observe(pipeline_ms / 1000)
+            if log.isEnabledFor(logging.INFO):
+                log.info(
+                    "%s %s %d upstream_ms=%s pipeline_ms=%s bytes=%d total_ms=%.1f",
+                    scope["method"],
+                    scope["path"],
+                    status or 499,
+                    "-" if upstream_ms is None else f"{upstream_ms:.1f}",
+                    "-" if pipeline_ms is None else f"{pipeline_ms:.2f}",
+                    sent,
+                    (time.perf_counter() - started) * 1000,
+                )

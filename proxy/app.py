@@ -18,9 +18,10 @@ from .access import AccessLog
 from .chat import ChatCompletions
 from .config import Config
 from .errors import ProxyError, envelope
+from .metrics import Metrics
 from .pipeline import Stage
 from .relay import Receive, Scope, Send, send_error
-from .routes import Health, Models, PassThrough
+from .routes import Health, MetricsPage, Models, PassThrough
 from .runtime import close_runtime, open_runtime
 from .web.routes import FilesApp
 
@@ -97,12 +98,13 @@ class Proxy:
 def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> AccessLog:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
-        runtime = await open_runtime(config, stages)
+        runtime = await open_runtime(config, stages, metrics=metrics)
         try:
             yield {"runtime": runtime}
         finally:
             await close_runtime(runtime)
 
+    metrics = Metrics()
     chat = ChatCompletions()
     passthrough = PassThrough()
     files = FilesApp()
@@ -111,6 +113,7 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> Acce
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", Models(), methods=["GET"]),
         Route("/healthz", Health(), methods=["GET"]),
+        Route("/metrics", MetricsPage(), methods=["GET"]),
         Route("/files", files, methods=["GET"]),
         Route("/files/{rest:path}", files, methods=["GET"]),
         Route("/v1/{rest:path}", passthrough, methods=_METHODS),
@@ -128,4 +131,4 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> Acce
         ("POST", "/v1/chat/completions"): chat,
         ("POST", "/chat/completions"): chat,
     }
-    return AccessLog(Proxy(app, fast))
+    return AccessLog(Proxy(app, fast), metrics)

@@ -51,6 +51,7 @@ class ChatCompletions:
         )
         result = await run_pipeline(rt.stages, sent, view)
         timing_of(scope).pipeline_ms = result.elapsed_ms
+        _count(rt, result.stats)
         if result.changed:
             body = {**body, "messages": result.messages}
             out = orjson.dumps(body)
@@ -140,3 +141,13 @@ class ChatCompletions:
         headers = [JSON_CT, (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": answer.status, "headers": headers + extra})
         await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _count(rt: Runtime, stats: Mapping[str, int]) -> None:
+    m = rt.metrics
+    m.tokens_in.inc(stats.get("tokens_in", 0))
+    m.tokens_out.inc(stats.get("tokens_out", 0))
+    if stats.get("offloaded"):
+        m.offloaded.inc(stats["offloaded"])
+    if stats.get("offload_errors"):
+        m.disk_errors.inc(stats["offload_errors"])

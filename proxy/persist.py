@@ -64,6 +64,7 @@ async def record_request(
         )
         rt.known.add(identity.tenant, identity.session, chains)
     except Exception as exc:
+        rt.metrics.disk_errors.inc()
         log.warning("dialog archive write failed (%s); forwarding anyway", exc)
 
 
@@ -114,6 +115,7 @@ def record_answer_later(
         try:
             await asyncio.to_thread(work)
         except Exception as exc:
+            rt.metrics.disk_errors.inc()
             log.warning("recording the answer failed: %s", exc)
 
     rt.spawn(run())

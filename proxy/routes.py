@@ -129,6 +129,19 @@ class Models:
         await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
+class MetricsPage:
+    """GET /metrics: Prometheus text format."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        payload = runtime_of(scope).metrics.render()
+        headers = [
+            (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+            (b"content-length", str(len(payload)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
 class Health:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         payload = b'{"status":"ok"}'
@@ -142,4 +155,4 @@ class Health:
         await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-__all__ = ["Health", "Models", "PassThrough", "ctx_headers", "parse_chat", "send_error"]
+__all__ = ["Health", "MetricsPage", "Models", "PassThrough", "ctx_headers", "parse_chat", "send_error"]

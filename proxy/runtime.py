@@ -12,6 +12,7 @@ from .compaction.client import SummarizerClient
 from .compaction.engine import CompactStage
 from .config import Config
 from .hotcache import KnownChains, StatsBuffer
+from .metrics import Metrics
 from .models import ContextWindows
 from .pipeline import Stage
 from .pipeline.count import CountStage, RequestCounter
@@ -51,6 +52,7 @@ class Runtime:
     gc_task: asyncio.Task[None] | None = None
     reader: ReadTool | None = None
     readloop: ReadLoop | None = None
+    metrics: Metrics = field(default_factory=Metrics)
     known: KnownChains = field(default_factory=KnownChains)
     stats: StatsBuffer | None = None
     stats_task: asyncio.Task[None] | None = None
@@ -86,7 +88,9 @@ def _open_db(config: Config) -> Database | None:
         return None
 
 
-async def open_runtime(config: Config, stages: Sequence[Stage] | None = None) -> Runtime:
+async def open_runtime(
+    config: Config, stages: Sequence[Stage] | None = None, *, metrics: Metrics | None = None
+) -> Runtime:
     upstream = Upstream(config.upstream)
     await upstream.start()
     router = LitellmRouter(
@@ -98,7 +102,7 @@ async def open_runtime(config: Config, stages: Sequence[Stage] | None = None) ->
     rt = Runtime(
         config=config, upstream=upstream, router=router, stages=(),
         max_body=int(config.server.max_body_mb * 1024 * 1024),
-        tool_results=tool_results, counter=counter,
+        tool_results=tool_results, counter=counter, metrics=metrics or Metrics(),
     )
     db = await asyncio.to_thread(_open_db, config)
     offload = OffloadStage(
@@ -131,11 +135,25 @@ async def open_runtime(config: Config, stages: Sequence[Stage] | None = None) ->
         rt.spawn(asyncio.to_thread(_warm, counter, windows))
     built += [ValidateStage(), CountStage(counter)]
     rt.stages = list(stages) if stages is not None else built
+    _live_metrics(rt)
     if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
         rt.reader = ReadTool(config, tool_results)
         rt.readloop = ReadLoop(upstream, rt.reader, config.retrieval.max_rounds)
     rt.gc_task = asyncio.create_task(_gc_loop(tool_results, GC_INTERVAL_S))
     return rt
+
+
+def _live_metrics(rt: Runtime) -> None:
+    m = rt.metrics
+    if rt.summarizer is not None:
+        s = rt.summarizer
+        m.live("ctxproxy_summarizer_calls", "Summarizer calls made.", lambda: s.calls)
+        m.live("ctxproxy_summarizer_failures", "Summarizer calls that failed.", lambda: s.failures)
+    if rt.compact is not None:
+        c = rt.compact
+        m.live("ctxproxy_compactions", "Compactions stored (summaries created).", lambda: c.compactions)
+        m.live("ctxproxy_precompactions", "Compactions prepared in the background.",
+               lambda: c.precompactions)
 
 
 def files_url(config: Config) -> str:
