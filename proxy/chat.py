@@ -39,7 +39,7 @@ class ChatCompletions:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rt = runtime_of(scope)
         raw = await read_body(scope, receive, rt.max_body)
-        body = parse_chat(raw)
+        body = parse_chat(raw, rt.config.server.max_messages)
         headers = header_map(scope)
         identity = resolve(headers, body)
         model: str = body["model"]

@@ -24,6 +24,9 @@ class ServerConfig(_Section):
     max_body_mb: float = Field(
         64, gt=0, description="Largest request body accepted, in MiB; larger bodies get 413."
     )
+    max_messages: int = Field(
+        100_000, ge=1, description="Most messages one chat request may carry; more gets 400."
+    )
     public_url: str | None = Field(
         None,
         description="Base URL people and models reach the proxy at (for /files links in "

@@ -43,7 +43,7 @@ def header_map(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-def parse_chat(raw: bytes) -> dict[str, Any]:
+def parse_chat(raw: bytes, max_messages: int = 100_000) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -56,6 +56,11 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise BadRequest("'messages' is required and must be an array", param="messages")
+    if len(messages) > max_messages:
+        raise BadRequest(
+            f"'messages' has {len(messages)} entries; this proxy accepts at most {max_messages}",
+            param="messages",
+        )
     return body
 
 
