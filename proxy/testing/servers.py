@@ -71,6 +71,19 @@ class _NotifyingServer(uvicorn.Server):
         await super().startup(sockets=sockets)
         self._on_started()
 
+    async def main_loop(self) -> None:
+        # uvicorn polls should_exit every 100 ms; tests start and stop hundreds of servers, so
+        # poll every 10 ms (on_tick's once-a-second work keeps its cadence).
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            for _ in range(10):
+                await asyncio.sleep(0.01)
+                if self.should_exit:
+                    break
+            counter = (counter + 1) % 864000
+            should_exit = await self.on_tick(counter)
+
 
 async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
     try:
