@@ -197,7 +197,8 @@ async def drive(url: str, model: ScriptedModel, *, session: str = "demo",
                                       {"role": "user", "content": TASK}]
     figures: list[TurnFigures] = []
     follow = iter(FOLLOW_UPS if follow_ups is None else follow_ups)
-    headers = {"authorization": "Bearer sk-demo", "x-session-id": session,
+    # No API key: the session belongs to the anon tenant, so /files shows it to a plain browser.
+    headers = {"x-session-id": session,
                "content-type": "application/json"}
     async with aiohttp.ClientSession() as http:
         for turn in range(1, max_turns + 1):
