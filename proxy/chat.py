@@ -17,16 +17,14 @@ from .relay import (
     Scope,
     Send,
     read_body,
-    relay_buffered,
-    relay_stream,
     run_until_disconnect,
+    send_whole,
     timing_of,
 )
 from .retrieval.loop import Rounds
-from .routes import ctx_headers, header_map, parse_chat, runtime_of
+from .routes import ctx_headers, forward_raw, header_map, parse_chat, runtime_of
 from .runtime import Runtime
 from .session import Identity, resolve
-from .upstream.http import response_headers
 
 log = logging.getLogger("proxy.access")
 
@@ -68,7 +66,8 @@ class ChatCompletions:
             body = rt.reader.with_tool({**body, "messages": forwarded})
             work = self._via_reads(rt, scope, send, body, extra, tap, identity, rounds)
         else:
-            work = self._via_upstream(rt, scope, send, out, extra, tap)
+            work = forward_raw(rt, scope, send, "POST", "chat/completions", out, extra=extra,
+                               stream_tap=tap.stream, whole_tap=tap.whole, buffer_unknown=True)
         try:
             if await run_until_disconnect(receive, work):
                 log.info("client disconnected; upstream call cancelled (session %s)", identity.session)
@@ -92,25 +91,6 @@ class ChatCompletions:
             done = await loop.non_stream(send, body, url, headers, extra, identity, tap.whole)
         timing_of(scope).mark()
         rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
-
-    async def _via_upstream(
-        self, rt: Runtime, scope: Scope, send: Send, out: bytes, extra: Headers, tap: AnswerTap
-    ) -> None:
-        up = rt.upstream
-        timing = timing_of(scope)
-        timing.restart()
-        resp = await up.send(
-            "POST", up.url("chat/completions", scope.get("query_string", b"")),
-            up.request_headers(scope["headers"]), out,
-        )
-        timing.mark()
-        async with resp:
-            headers = response_headers(resp) + extra
-            ok = resp.status == 200
-            if resp.content_type == _SSE:
-                await relay_stream(send, resp, headers, sse=True, tap=tap.stream if ok else None)
-            else:
-                await relay_buffered(send, resp, headers, tap=tap.whole if ok else None)
 
     async def _via_litellm(
         self,
@@ -138,9 +118,7 @@ class ChatCompletions:
             return
         payload = answer.body or b""
         tap.whole(payload)
-        headers = [JSON_CT, (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": answer.status, "headers": headers + extra})
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await send_whole(send, answer.status, [JSON_CT, *extra], payload)
 
 
 def _count(rt: Runtime, stats: Mapping[str, int]) -> None:

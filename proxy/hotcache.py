@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from .store.db import Database
+from .store.summaries import SummaryStore
 
 log = logging.getLogger("proxy.store")
 
@@ -81,18 +82,11 @@ class StatsBuffer:
 class SummaryIndex:
     """Which chains of a session have a summary, loaded once per session."""
 
-    def __init__(self, db: Database) -> None:
-        self.db = db
+    def __init__(self, store: SummaryStore) -> None:
+        self.store = store
         self._chains: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
         self._lock = threading.Lock()
         self._limit = 10_000
-
-    def _load(self, tenant: str, session: str) -> set[str]:
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                "SELECT chain FROM summaries WHERE tenant = ? AND session = ?", (tenant, session)
-            ).fetchall()
-        return {r[0] for r in rows}
 
     def cached(self, tenant: str, session: str) -> set[str] | None:
         with self._lock:
@@ -102,7 +96,7 @@ class SummaryIndex:
             return found
 
     def load(self, tenant: str, session: str) -> set[str]:
-        chains = self._load(tenant, session)
+        chains = self.store.chains(tenant, session)
         with self._lock:
             self._chains[(tenant, session)] = chains
             while len(self._chains) > self._limit:

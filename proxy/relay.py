@@ -141,8 +141,13 @@ async def relay_buffered(
         raise UpstreamError(f"upstream answer broke off: {type(exc).__name__}") from None
     if tap is not None:
         tap(body)
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+    await send_whole(send, resp.status, headers, body)
+
+
+async def send_whole(send: Send, status: int, headers: Headers, body: bytes) -> None:
+    """A complete response in two ASGI messages, with its content-length."""
+    headers = [*headers, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -175,9 +180,4 @@ async def relay_stream(
 
 
 async def send_error(send: Send, exc: ProxyError, extra: Headers | None = None) -> None:
-    body = exc.body()
-    headers: Headers = [JSON_CT, (b"content-length", str(len(body)).encode())]
-    if extra:
-        headers.extend(extra)
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_whole(send, exc.status, [JSON_CT, *(extra or [])], exc.body())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -20,6 +21,7 @@ from .relay import (
     relay_stream,
     run_until_disconnect,
     send_error,
+    send_whole,
     timing_of,
 )
 from .runtime import Runtime
@@ -85,27 +87,48 @@ class PassThrough:
         raw = await read_body(scope, receive, rt.max_body)
         path: str = scope["path"]
         subpath = path[len("/v1/") :] if path.startswith("/v1/") else path.lstrip("/")
-        if await run_until_disconnect(receive, self._forward(rt, scope, send, subpath, raw)):
+        work = forward_raw(rt, scope, send, scope["method"], subpath, raw, buffer_unknown=False)
+        if await run_until_disconnect(receive, work):
             log.info("client disconnected; upstream call cancelled (%s)", path)
 
-    async def _forward(
-        self, rt: Runtime, scope: Scope, send: Send, subpath: str, raw: bytes
-    ) -> None:
-        up = rt.upstream
-        timing = timing_of(scope)
-        resp = await up.send(
-            scope["method"], up.url(subpath, scope.get("query_string", b"")),
-            up.request_headers(scope["headers"]), raw,
-        )
-        timing.mark()
-        async with resp:
-            headers = response_headers(resp)
-            if resp.content_type == _SSE:
-                await relay_stream(send, resp, headers, sse=True)
-            elif resp.content_length is not None and resp.content_length <= _BUFFER_LIMIT:
-                await relay_buffered(send, resp, headers)
-            else:
-                await relay_stream(send, resp, headers, sse=False)
+
+async def forward_raw(
+    rt: Runtime,
+    scope: Scope,
+    send: Send,
+    method: str,
+    subpath: str,
+    body: bytes,
+    *,
+    extra: Sequence[tuple[bytes, bytes]] = (),
+    stream_tap: Callable[[bytes], None] | None = None,
+    whole_tap: Callable[[bytes], None] | None = None,
+    buffer_unknown: bool,
+) -> None:
+    """Send the request upstream as bytes and relay the answer as bytes.
+
+    SSE streams pass chunk by chunk; other bodies are buffered (a break then still gets a clean
+    502) unless they are large or, with `buffer_unknown` off, of unknown length. Taps see only
+    successful answers.
+    """
+    up = rt.upstream
+    timing = timing_of(scope)
+    timing.restart()
+    resp = await up.send(
+        method, up.url(subpath, scope.get("query_string", b"")),
+        up.request_headers(scope["headers"]), body,
+    )
+    timing.mark()
+    async with resp:
+        headers = [*response_headers(resp), *extra]
+        ok = resp.status == 200
+        length = resp.content_length
+        if resp.content_type == _SSE:
+            await relay_stream(send, resp, headers, sse=True, tap=stream_tap if ok else None)
+        elif length is None and buffer_unknown or length is not None and length <= _BUFFER_LIMIT:
+            await relay_buffered(send, resp, headers, tap=whole_tap if ok else None)
+        else:
+            await relay_stream(send, resp, headers, sse=False)
 
 
 class Models:
@@ -123,41 +146,20 @@ class Models:
             {"id": r.model_name, "object": "model", "created": 0, "owned_by": "ctxproxy"}
             for r in rt.config.model_list
         ]
-        payload = orjson.dumps({"object": "list", "data": data})
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [JSON_CT, (b"content-length", str(len(payload)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await send_whole(send, 200, [JSON_CT], orjson.dumps({"object": "list", "data": data}))
 
 
 class MetricsPage:
     """GET /metrics: Prometheus text format."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        payload = runtime_of(scope).metrics.render()
-        headers = [
-            (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
-            (b"content-length", str(len(payload)).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        ct = (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+        await send_whole(send, 200, [ct], runtime_of(scope).metrics.render())
 
 
 class Health:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        payload = b'{"status":"ok"}'
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [JSON_CT, (b"content-length", str(len(payload)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await send_whole(send, 200, [JSON_CT], b'{"status":"ok"}')
 
 
 __all__ = ["Health", "MetricsPage", "Models", "PassThrough", "ctx_headers", "parse_chat", "send_error"]

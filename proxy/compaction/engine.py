@@ -63,7 +63,6 @@ class Plan:
     cut: int
     cut_chain: str
     previous: SummaryRecord | None
-    window_chars: int = 4 * 128_000  # the model's window in characters (~4 per token)
 
 
 FlightKey = tuple[str, str, str]
@@ -100,7 +99,7 @@ class CompactStage:
         self.offload = offload
         self.old_max_bytes = old_max_bytes
         self.read_tool = read_tool
-        self.index = SummaryIndex(summaries.db)
+        self.index = SummaryIndex(summaries)
         self._records: OrderedDict[FlightKey, SummaryRecord] = OrderedDict()
         self._flights: dict[FlightKey, asyncio.Future[SummaryRecord]] = {}
         self._prepared: OrderedDict[FlightKey, Prepared] = OrderedDict()
@@ -165,8 +164,7 @@ class CompactStage:
         cut = start + (found.cut - head)
         if cut <= start:
             return None
-        return Plan(head, start, cut, request.chains[cut - 1], rec,
-                    4 * self.windows.window(request.model))
+        return Plan(head, start, cut, request.chains[cut - 1], rec)
 
     def _summarize(
         self, plan: Plan, request: RequestView, tokens_before: int
@@ -182,6 +180,8 @@ class CompactStage:
             self.client.completer(request.model, request.headers),
             self.config.model or request.model,
             tokens_before,
+            # The verbatim user requests take at most ~5% of the window (~4 chars a token).
+            max(1000, min(8000, 4 * self.windows.window(request.model) // 20)),
         )
 
     async def _summarize_parts(
@@ -194,10 +194,9 @@ class CompactStage:
         complete: Complete,
         model: str,
         tokens_before: int,
+        user_chars: int,
     ) -> SummaryRecord:
         previous = plan.previous.text if plan.previous is not None else None
-        # The verbatim user requests are bounded by the window too: at most ~5% of it.
-        user_chars = max(1000, min(8000, plan.window_chars // 20))
         outcome = await summarize(
             complete, previous, evicted,
             per_message_chars=min(2000, user_chars), total_chars=user_chars,

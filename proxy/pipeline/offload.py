@@ -217,6 +217,24 @@ class OffloadStage:
         later = min(size, self._budget(False, md))
         return max(now - later, 0)
 
+    def _offload(
+        self, identity: Identity, text: str, budget: int, read: ReadCall | None
+    ) -> tuple[str | None, bool, bool]:
+        """Cut `text` to `budget` and make sure its original is saved.
+
+        Returns (the cut text or None when it fits, whether a file was written now, whether
+        saving failed). A file that cannot be written means no cut: degrade, never drop.
+        """
+        entry = self._entry(identity.tenant, identity.session, text)
+        new = self._cut(entry, text, budget, read, identity)
+        if new is None:
+            return None, False, False
+        try:
+            return new, self.store.save(identity.tenant, identity.session, entry.rid, text), False
+        except (OSError, ValueError) as exc:
+            log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
+            return None, False, True
+
     def harder(self, messages: list[Message], identity: Identity, budget: int) -> list[Message]:
         """The last resort when even the newest turn is over budget: cut every tool result
         down to `budget`, offloading any that had not been (a message's own text is then
@@ -232,14 +250,7 @@ class OffloadStage:
             if parse_notice(text) is not None:
                 new = recut(text, budget)
             else:
-                entry = self._entry(identity.tenant, identity.session, text)
-                new = self._cut(entry, text, budget, None, identity)
-                if new is not None:
-                    try:
-                        self.store.save(identity.tenant, identity.session, entry.rid, text)
-                    except (OSError, ValueError) as exc:
-                        log.warning("offload: cannot save tool result (%s)", _why(exc))
-                        new = None
+                new, _, _ = self._offload(identity, text, budget, None)
             if new is not None:
                 out[i] = _with_text(m, new)
                 changed = True
@@ -255,7 +266,6 @@ class OffloadStage:
     ) -> StageOutcome:
         """Both stages; `aged_turns` re-cuts the results of the first that many tool-call
         turns (None: decide by the age policy)."""
-        tenant, session = request.identity.tenant, request.identity.session
         texts: dict[int, str] = {}
         for i, m in enumerate(messages):
             if m.get("role") in ("tool", "function"):
@@ -293,16 +303,9 @@ class OffloadStage:
                 # again; stage 2 only rewrites the excerpt.
                 new = recut(text, budget) if aged else None
             else:
-                entry = self._entry(tenant, session, text)
-                new = self._cut(entry, text, budget, read, request.identity)
-                if new is not None:
-                    try:
-                        written += self.store.save(tenant, session, entry.rid, text)
-                    except (OSError, ValueError) as exc:
-                        # Degrade, never drop: the result goes uncut, nothing is lost.
-                        errors += 1
-                        log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
-                        new = None
+                new, wrote, failed = self._offload(request.identity, text, budget, read)
+                written += wrote
+                errors += failed
             if new is not None:
                 out[i] = _with_text(m, new)
                 offloaded += 1

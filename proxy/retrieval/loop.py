@@ -22,7 +22,7 @@ import aiohttp
 import orjson
 
 from ..errors import UpstreamError, UpstreamTimeout
-from ..relay import Headers, Send, sse_error_event
+from ..relay import Headers, Send, send_whole, sse_error_event
 from ..session import Identity
 from ..upstream.http import Upstream, response_headers
 from .tool import ReadTool
@@ -112,7 +112,7 @@ class ReadLoop:
                 status = resp.status
             data = _completion(payload) if status == 200 else None
             if data is None:  # errors and odd bodies pass through as they came
-                await _send_whole(send, status, out_headers + extra, payload)
+                await send_whole(send, status, out_headers + extra, payload)
                 return state
             state.add_usage(data.get("usage"))
             msg = data["choices"][0].get("message") or {}
@@ -133,7 +133,7 @@ class ReadLoop:
                 final = orjson.dumps(data)
             tap(final)
             rounds_h = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
-            await _send_whole(send, status, out_headers + extra + [rounds_h], final)
+            await send_whole(send, status, out_headers + extra + [rounds_h], final)
             return state
 
     async def stream(
@@ -161,7 +161,7 @@ class ReadLoop:
                 if resp.status != 200 or resp.content_type != "text/event-stream":
                     payload = await resp.read()
                     if not started:
-                        await _send_whole(send, resp.status, response_headers(resp) + extra, payload)
+                        await send_whole(send, resp.status, response_headers(resp) + extra, payload)
                         return state
                     await emit(sse_error_event(f"upstream answered {resp.status} in a read round",
                                                "upstream_error"))
@@ -310,9 +310,3 @@ def _drop_calls(choice: dict[str, Any], theirs: list[Any]) -> None:
         if choice.get("finish_reason") == "tool_calls":
             choice["finish_reason"] = "stop"
     choice["message"] = msg
-
-
-async def _send_whole(send: Send, status: int, headers: Headers, payload: bytes) -> None:
-    headers = [*headers, (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload, "more_body": False})

@@ -180,6 +180,14 @@ class SummaryStore:
             ).fetchone()
         return None if row is None else _record(row)
 
+    def chains(self, tenant: str, session: str) -> set[str]:
+        """The chains of a session that have a summary (for an in-memory index)."""
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                "SELECT chain FROM summaries WHERE tenant = ? AND session = ?", (tenant, session)
+            ).fetchall()
+        return {r[0] for r in rows}
+
     def find_latest(self, tenant: str, session: str, chains: Sequence[str]) -> SummaryRecord | None:
         """The summary for the largest ``i`` such that ``chains[i]`` has one, in one query.
 
