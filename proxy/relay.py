@@ -129,16 +129,21 @@ def timing_of(scope: Scope) -> Timing:
 Tap = Callable[[bytes], None]
 
 
-async def relay_buffered(
-    send: Send, resp: aiohttp.ClientResponse, headers: Headers, tap: Tap | None = None
-) -> None:
-    """Read the whole upstream body, then answer: a broken body still gets a clean 502."""
+async def read_whole(resp: aiohttp.ClientResponse) -> bytes:
+    """The upstream body; a stall or a break becomes the proxy's 504 / 502."""
     try:
-        body = await resp.read()
+        return await resp.read()
     except TimeoutError:
         raise UpstreamTimeout("upstream stopped sending its answer") from None
     except aiohttp.ClientError as exc:
         raise UpstreamError(f"upstream answer broke off: {type(exc).__name__}") from None
+
+
+async def relay_buffered(
+    send: Send, resp: aiohttp.ClientResponse, headers: Headers, tap: Tap | None = None
+) -> None:
+    """Read the whole upstream body, then answer: a broken body still gets a clean 502."""
+    body = await read_whole(resp)
     if tap is not None:
         tap(body)
     await send_whole(send, resp.status, headers, body)

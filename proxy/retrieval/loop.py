@@ -21,8 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from ..errors import UpstreamError, UpstreamTimeout
-from ..relay import Headers, Send, send_whole, sse_error_event
+from ..relay import Headers, Send, read_whole, send_whole, sse_error_event
 from ..session import Identity
 from ..upstream.http import Upstream, response_headers
 from .tool import ReadTool
@@ -102,12 +101,7 @@ class ReadLoop:
             last = state.rounds >= self.max_rounds
             resp = await self._post(url, headers, _request(body, messages, self.tool, last))
             async with resp:
-                try:
-                    payload = await resp.read()
-                except TimeoutError:
-                    raise UpstreamTimeout("upstream stopped sending its answer") from None
-                except aiohttp.ClientError as exc:
-                    raise UpstreamError(f"upstream answer broke off: {type(exc).__name__}") from None
+                payload = await read_whole(resp)
                 out_headers = response_headers(resp)
                 status = resp.status
             data = _completion(payload) if status == 200 else None

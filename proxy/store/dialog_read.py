@@ -19,16 +19,22 @@ class DialogLine:
     record: dict[str, Any]
 
 
+def parse_record(raw: bytes) -> dict[str, Any] | None:
+    """One archive line as its record, or None when it is not a JSON object (torn, damaged)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def _iter_file(handle: BinaryIO, name: str) -> Iterator[DialogLine]:
     with handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict):
+            obj = parse_record(raw)
+            if obj is not None:
                 yield DialogLine(number, obj)
             elif not raw.endswith(b"\n"):
                 log.debug("%s: skipping torn last line %d", name, number)

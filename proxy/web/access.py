@@ -257,7 +257,7 @@ def list_files(data_dir: Path, parts: Sequence[str], suffix: str) -> list[Entry]
         with os.scandir(fd) as entries:
             found = []
             for entry in entries:
-                if not entry.name.endswith(suffix) or not _valid(entry.name):
+                if not entry.name.endswith(suffix) or not valid_name(entry.name):
                     continue
                 if not entry.is_file(follow_symlinks=False):
                     continue
@@ -269,7 +269,7 @@ def list_files(data_dir: Path, parts: Sequence[str], suffix: str) -> list[Entry]
     return found
 
 
-def _valid(name: str) -> bool:
+def valid_name(name: str) -> bool:
     try:
         check_name(name)
     except InvalidName:

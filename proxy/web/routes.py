@@ -30,7 +30,7 @@ from proxy.relay import Receive, Scope, Send
 from proxy.routes import runtime_of
 from proxy.runtime import Runtime
 from proxy.store.db import SessionRow, format_ts
-from proxy.store.paths import InvalidName, check_name
+from proxy.store.dialog_read import parse_record
 from proxy.store.tool_results import OffloadedFileMissing
 from proxy.web import render
 from proxy.web.access import (
@@ -47,6 +47,7 @@ from proxy.web.access import (
     open_dir,
     open_file,
     read_window,
+    valid_name,
 )
 
 __all__ = ["MAX_LINES", "PAGE_BYTES", "PAGE_LINES", "PAGE_RECORDS", "FilesApp"]
@@ -106,21 +107,13 @@ def _gone() -> NotFound:
     return NotFound("no such session or file")
 
 
-def _valid(name: str) -> bool:
-    try:
-        check_name(name)
-    except InvalidName:
-        return False
-    return True
-
-
 def _dispatch(rt: Runtime, caller: Caller, ask: Ask, rest: str) -> Response:
     parts = rest.split("/") if rest else []
     if parts and parts[-1] == "":
         parts.pop()  # one trailing slash is harmless
     if not parts:
         return _respond(ask.fmt, _index(rt, caller, ask), render.index_page)
-    if len(parts) < 2 or not all(_valid(p) for p in parts[:2]):
+    if len(parts) < 2 or not all(valid_name(p) for p in parts[:2]):
         raise _gone()
     tenant, session = parts[0], parts[1]
     if not caller.may_see(tenant):
@@ -133,10 +126,10 @@ def _dispatch(rt: Runtime, caller: Caller, ask: Ask, rest: str) -> Response:
     if kind == "dialog" and _DIALOG_NAME.fullmatch(name):
         return _paged(rt, tenant, session, kind, name, ask, PAGE_RECORDS, render.dialog_page,
                       _records)
-    if kind == "tool_result" and name.endswith(".txt") and _valid(name):
+    if kind == "tool_result" and name.endswith(".txt") and valid_name(name):
         return _paged(rt, tenant, session, kind, name, ask, PAGE_LINES, render.tool_result_page,
                       _lines)
-    if kind == "summaries" and name.endswith(".md") and _valid(name):
+    if kind == "summaries" and name.endswith(".md") and valid_name(name):
         return _summary(rt, tenant, session, name, ask)
     raise _gone()
 
@@ -358,11 +351,8 @@ def _records(window: Window) -> dict[str, Any]:
     for number, raw in enumerate(window.lines, start=window.start_line):
         if not raw.strip():
             continue
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            obj = None
-        if not isinstance(obj, dict):
+        obj = parse_record(raw)
+        if obj is None:
             out.append({"line": number, "unreadable": True})
             continue
         chain = obj.get("chain")
