@@ -48,6 +48,14 @@ from typing import Any, Final
 
 import orjson
 
+from .choices import (
+    Choice,
+    apply_delta,
+    apply_logprobs,
+    build_message,
+    message_from_completion,
+)
+
 __all__ = ["DEFAULT_MAX_EVENT_BYTES", "StreamAssembler", "message_from_completion"]
 
 log = logging.getLogger("proxy.upstream.assemble")
@@ -59,56 +67,9 @@ DEFAULT_MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
 
 _BOM: Final = b"\xef\xbb\xbf"
 _DONE: Final = b"[DONE]"
-
-
-class _ToolCall:
-    __slots__ = ("id", "type", "name", "args")
-
-    def __init__(self) -> None:
-        self.id: str | None = None
-        self.type: str | None = None
-        self.name: str | None = None
-        self.args: list[str] = []
-
-
-class _Choice:
-    """What arrived for one choice index. Text is kept as lists of pieces: joining once is linear,
-    whereas ``str +=`` on an attribute copies the whole text on every delta."""
-
-    __slots__ = (
-        "role",
-        "content",
-        "saw_content",
-        "refusal",
-        "reasoning_content",
-        "reasoning",
-        "tools",
-        "last_tool",
-        "fn_name",
-        "fn_args",
-        "has_fn",
-        "finish_reason",
-        "lp_content",
-        "lp_refusal",
-        "has_lp",
-    )
-
-    def __init__(self) -> None:
-        self.role: str | None = None
-        self.content: list[str] = []
-        self.saw_content = False
-        self.refusal: list[str] = []
-        self.reasoning_content: list[str] = []
-        self.reasoning: list[str] = []
-        self.tools: dict[int, _ToolCall] = {}
-        self.last_tool: int | None = None
-        self.fn_name: str | None = None
-        self.fn_args: list[str] = []
-        self.has_fn = False
-        self.finish_reason: str | None = None
-        self.lp_content: list[Any] = []
-        self.lp_refusal: list[Any] = []
-        self.has_lp = False
+_META: Final = (
+    ("id", str), ("model", str), ("created", int), ("system_fingerprint", str), ("service_tier", str)
+)
 
 
 class StreamAssembler:
@@ -154,7 +115,7 @@ class StreamAssembler:
         self._bom_checked = False
         self._skipping = False  # dropping the rest of an oversized event up to its blank line
         self._max = max(int(max_event_bytes), 1)
-        self._choices: dict[int, _Choice] = {}
+        self._choices: dict[int, Choice] = {}
         self._need_meta = True
 
     # -- framing ---------------------------------------------------------------------------
@@ -308,7 +269,7 @@ class StreamAssembler:
                 continue  # checked first: a list or dict index is not even hashable
             st = self._choices.get(idx)
             if st is None:
-                st = self._choices[idx] = _Choice()
+                st = self._choices[idx] = Choice()
             delta = c.get("delta")
             if type(delta) is dict and delta:
                 content = delta.get("content")
@@ -316,37 +277,22 @@ class StreamAssembler:
                     st.content.append(content)  # the common case: one text piece
                     st.saw_content = True
                 else:
-                    _apply_delta(st, delta)
+                    apply_delta(st, delta)
             fr = c.get("finish_reason")
             if type(fr) is str:
                 st.finish_reason = fr
             lp = c.get("logprobs")
             if type(lp) is dict:
-                _apply_logprobs(st, lp)
+                apply_logprobs(st, lp)
 
     def _take_meta(self, obj: dict[str, Any]) -> None:
         # First value wins: every chunk repeats the same ones, so they are read only until a
         # chunk has brought the id and the model.
-        if self.id is None:
-            v = obj.get("id")
-            if type(v) is str:
-                self.id = v
-        if self.model is None:
-            v = obj.get("model")
-            if type(v) is str:
-                self.model = v
-        if self.created is None:
-            v = obj.get("created")
-            if type(v) is int:
-                self.created = v
-        if self.system_fingerprint is None:
-            v = obj.get("system_fingerprint")
-            if type(v) is str:
-                self.system_fingerprint = v
-        if self.service_tier is None:
-            v = obj.get("service_tier")
-            if type(v) is str:
-                self.service_tier = v
+        for name, kind in _META:
+            if getattr(self, name) is None:
+                v = obj.get(name)
+                if type(v) is kind:
+                    setattr(self, name, v)
         self._need_meta = self.id is None or self.model is None
 
     # -- results ---------------------------------------------------------------------------
@@ -362,7 +308,7 @@ class StreamAssembler:
     def message(self, index: int = 0) -> dict[str, Any] | None:
         """The assistant message of choice ``index`` as assembled so far; None if never seen."""
         st = self._choices.get(index)
-        return None if st is None else _build_message(st)
+        return None if st is None else build_message(st)
 
     def completion(self) -> dict[str, Any]:
         """The ``chat.completion`` object the non-stream request would have returned."""
@@ -378,7 +324,7 @@ class StreamAssembler:
             choices.append(
                 {
                     "index": idx,
-                    "message": _build_message(st),
+                    "message": build_message(st),
                     "logprobs": logprobs,
                     "finish_reason": st.finish_reason,
                 }
@@ -410,139 +356,3 @@ def _loads_lossy(data: bytes | bytearray) -> Any:
         return orjson.loads(data.decode("utf-8", "replace"))
     except orjson.JSONDecodeError:
         return None
-
-
-def _apply_delta(st: _Choice, delta: dict[str, Any]) -> None:
-    role = delta.get("role")
-    if type(role) is str:
-        st.role = role
-    content = delta.get("content")
-    if type(content) is str:
-        st.content.append(content)
-        st.saw_content = True
-    v = delta.get("refusal")
-    if type(v) is str:
-        st.refusal.append(v)
-    v = delta.get("reasoning_content")
-    if type(v) is str:
-        st.reasoning_content.append(v)
-    v = delta.get("reasoning")
-    if type(v) is str:
-        st.reasoning.append(v)
-    calls = delta.get("tool_calls")
-    if type(calls) is list:
-        for tc in calls:
-            if type(tc) is dict:
-                _apply_tool_call(st, tc)
-    fc = delta.get("function_call")
-    if type(fc) is dict:
-        st.has_fn = True
-        name = fc.get("name")
-        if type(name) is str and name and not st.fn_name:
-            st.fn_name = name
-        args = fc.get("arguments")
-        if type(args) is str:
-            st.fn_args.append(args)
-
-
-def _apply_tool_call(st: _Choice, tc: dict[str, Any]) -> None:
-    idx = tc.get("index")
-    cid = tc.get("id")
-    if type(idx) is not int:
-        # Not OpenAI's format, but some compatible servers omit the index: a new id starts a
-        # call, anything else continues the latest one.
-        idx = None
-        if type(cid) is str and cid:
-            idx = next((i for i, t in st.tools.items() if t.id == cid), None)
-            if idx is None:
-                idx = max(st.tools, default=-1) + 1
-        elif st.last_tool is not None:
-            idx = st.last_tool
-        else:
-            idx = 0
-    call = st.tools.get(idx)
-    if call is None:
-        call = st.tools[idx] = _ToolCall()
-    st.last_tool = idx
-    # First value wins for id/type/name: OpenAI sends them once, and servers that repeat them
-    # on every delta repeat the same value.
-    if call.id is None and type(cid) is str and cid:
-        call.id = cid
-    typ = tc.get("type")
-    if call.type is None and type(typ) is str and typ:
-        call.type = typ
-    fn = tc.get("function")
-    if type(fn) is dict:
-        name = fn.get("name")
-        if call.name is None and type(name) is str and name:
-            call.name = name
-        args = fn.get("arguments")
-        if type(args) is str:
-            call.args.append(args)
-
-
-def _apply_logprobs(st: _Choice, lp: dict[str, Any]) -> None:
-    st.has_lp = True
-    v = lp.get("content")
-    if type(v) is list:
-        st.lp_content.extend(v)
-    v = lp.get("refusal")
-    if type(v) is list:
-        st.lp_refusal.extend(v)
-
-
-def _build_message(st: _Choice) -> dict[str, Any]:
-    text = "".join(st.content)
-    refusal = "".join(st.refusal)
-    content: str | None
-    if text:
-        content = text
-    elif st.tools or st.has_fn or refusal:
-        content = None
-    else:
-        content = "" if st.saw_content else None
-    msg: dict[str, Any] = {"role": st.role or "assistant", "content": content}
-    if refusal:
-        msg["refusal"] = refusal
-    reasoning_content = "".join(st.reasoning_content)
-    if reasoning_content:
-        msg["reasoning_content"] = reasoning_content
-    reasoning = "".join(st.reasoning)
-    if reasoning:
-        msg["reasoning"] = reasoning
-    if st.tools:
-        msg["tool_calls"] = [
-            {
-                "id": call.id or "",
-                "type": call.type or "function",
-                "function": {"name": call.name or "", "arguments": "".join(call.args)},
-            }
-            for _, call in sorted(st.tools.items())
-        ]
-    if st.has_fn:
-        msg["function_call"] = {"name": st.fn_name or "", "arguments": "".join(st.fn_args)}
-    return msg
-
-
-def message_from_completion(
-    body: bytes | bytearray | memoryview | str, index: int = 0
-) -> dict[str, Any] | None:
-    """The assistant message of a non-stream ``chat.completion`` body: the choice whose
-    ``index`` is ``index`` (else ``choices[index]``), its ``message`` as parsed. None when the
-    body is not such JSON or has no such choice or message; never raises."""
-    try:
-        obj = orjson.loads(body)
-    except Exception:  # JSONDecodeError, or a body of the wrong type
-        return None
-    if type(obj) is not dict:
-        return None
-    choices = obj.get("choices")
-    if type(choices) is not list or not choices:
-        return None
-    choice = next((c for c in choices if type(c) is dict and c.get("index") == index), None)
-    if choice is None and 0 <= index < len(choices):
-        choice = choices[index]
-    if type(choice) is not dict:
-        return None
-    msg = choice.get("message")
-    return msg if type(msg) is dict else None
