@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=128_000)
     ap.add_argument("--summary-delay", type=float, default=1.0)
     ap.add_argument("--model-delay", type=float, default=0.5)
+    ap.add_argument("--keep-recent", type=float, default=None,
+                    help="compaction.keep_recent_ratio (default: the config default)")
     ap.add_argument("--explain", action="store_true", help="print why each prefix break happened")
     args = ap.parse_args()
 
@@ -107,7 +109,9 @@ def main() -> None:
         config = config_from_mapping({
             "upstream": {"base_url": upstream.url + "/v1"},
             "storage": {"data_dir": tmp},
-            "compaction": {"context_windows": {MODEL: args.window}},
+            "compaction": {"context_windows": {MODEL: args.window},
+                           **({} if args.keep_recent is None
+                              else {"keep_recent_ratio": args.keep_recent})},
         })
         threshold = int(config.compaction.threshold_ratio * args.window)
         with serve_in_thread(create_app(config), lifespan="on") as proxy:
@@ -152,6 +156,8 @@ def main() -> None:
     print(f"prefix stability            mean {statistics.mean(stab):.3f}  min {min(stab):.3f}  "
           f"pairs below 0.5: {sum(1 for s in stab if s < 0.5)} of {len(stab)} (target mean >= 0.95)")
     if args.explain:
+        print("  forwarded tokens per turn: " + " ".join(
+            f"{f.forwarded // 1000}k{'*' if f.compacted else ''}" for f in figures))
         explain(forwarded)
 
 
@@ -168,6 +174,9 @@ def explain(forwarded: list[dict[str, Any]]) -> None:
         print(f"  pair {i}->{i + 1}: stability {s:.3f}, first change at unit {k} "
               f"({msg.get('role')}: {len(str(msg.get('content')))} -> {nxt.get('role')}: "
               f"{len(str(nxt.get('content')))} chars)")
+        after = forwarded[i + 1]["messages"]
+        print("    after: " + " ".join(f"{m['role'][:2]}{len(str(m.get('content') or m.get('tool_calls')))//1000}k"
+                                     for m in after))
 
 
 if __name__ == "__main__":

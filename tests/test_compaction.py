@@ -196,6 +196,29 @@ def test_tool_pairs_survive_compaction(make_proxy: ProxyFactory, fake: FakeUpstr
     assert fwd[1]["content"].startswith("# Summary") and is_valid(fwd)
 
 
+def test_agent_loop_keeps_only_the_newest_whole_turn_when_it_fills_the_budget(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    """One user request, then many tool turns: when the newest turn alone is over
+    keep_recent_ratio x window, the kept suffix is that turn (a whole assistant turn), not
+    everything since the user's request, which the summary carries verbatim instead."""
+    Script(fake)
+    srv = make_proxy({**WINDOW, "compaction": {"context_windows": {"gpt-4o": 4000},
+                                               "keep_recent_ratio": 0.05}})
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                  {"role": "user", "content": "fix the failing build in /srv/app"}]
+    for t in range(20):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{t}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{t}", "content": f"entry{t} " * 100})
+    r = post(srv, msgs)
+    assert r.status_code == 200 and r.headers["x-ctxproxy-compacted"] == "1"
+    fwd = model_calls(fake)[-1]["messages"]
+    assert fwd[1]["content"].startswith("# Summary")
+    assert "fix the failing build in /srv/app" in fwd[1]["content"]
+    assert fwd[2:] == msgs[-2:]
+
+
 def test_newest_turn_over_budget_is_recut_not_refused(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
     Script(fake)
     srv = make_proxy({**WINDOW, "offload": {"recent_max_bytes": 20000, "old_max_bytes": 1000}})

@@ -157,8 +157,14 @@ class CompactStage:
         start = rec.upto if rec is not None else head
         view = [*messages[:head], *messages[start:]]
         # prefer_user=False: keep every whole turn that fits, not only from the newest user
-        # message on (which can keep almost nothing in an agent loop).
-        found = split(view, lambda m: self.counter.message(m, request.model), keep, prefer_user=False)
+        # message on (which can keep almost nothing in an agent loop). over_budget_keep="unit":
+        # when the newest turn alone fills the budget keep just that turn; going back to the last
+        # user message would keep a whole agent loop (or, with one request, evict nothing). The
+        # evicted user messages reach the summary verbatim.
+        found = split(
+            view, lambda m: self.counter.message(m, request.model), keep,
+            prefer_user=False, over_budget_keep="unit",
+        )
         if found is None:
             return None
         cut = start + (found.cut - head)
