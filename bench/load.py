@@ -4,27 +4,29 @@
 
 Each session is a scripted agent (tool outputs of 1-300 KB, log-uniform) resending its whole
 history every turn; the fake upstream plays the model and the summarizer. Reports errors,
-summarizer calls vs compaction events, per-request latency p50/p99, and the proxy's RSS before,
-in the middle and after (no growth trend expected once caches are warm).
+summarizer calls vs compaction events, per-request latency p50/p99, and the proxy's RSS (the
+proxy runs as its own process) after start-up, and peak/after each round of fresh sessions: with
+caches bounded, the rounds after the first show no growth trend.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import resource
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import orjson
 
-from proxy.app import create_app
-from proxy.config import config_from_mapping
 from proxy.demo import SYSTEM, script
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import serve_in_thread
@@ -35,12 +37,30 @@ SUMMARY = ("## Goal\nKeep the service up.\n## Constraints & Preferences\n- none\
            "## Key Decisions\n- none\n## Next Steps\n- continue\n## Critical Context\n- none\n")
 
 
-def rss_mb() -> float:
-    with open(f"/proc/{os.getpid()}/status") as f:
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
 
 
 class Model:
@@ -63,11 +83,11 @@ class Model:
 
 
 async def session(url: str, idx: int, turns: int, steps: list[Any], lat: list[float],
-                  errors: list[str]) -> None:
+                  errors: list[str], round_no: int) -> None:
     rnd = random.Random(idx)
     history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                       {"role": "user", "content": f"Session {idx}: fix the bug."}]
-    headers = {"authorization": f"Bearer sk-load-{idx % 8}", "x-session-id": f"load-{idx}",
+    headers = {"authorization": f"Bearer sk-load-{idx % 8}", "x-session-id": f"load-{round_no}-{idx}",
                "content-type": "application/json"}
     async with aiohttp.ClientSession() as http:
         for _ in range(turns):
@@ -93,12 +113,13 @@ async def session(url: str, idx: int, turns: int, steps: list[Any], lat: list[fl
 
 
 async def drive(url: str, sessions: int, turns: int, lat: list[float], errors: list[str],
-                marks: list[float]) -> None:
+                marks: list[float], pid: int, round_no: int) -> None:
     steps = script(steps_n=64)
-    tasks = [asyncio.create_task(session(url, i, turns, steps, lat, errors)) for i in range(sessions)]
+    tasks = [asyncio.create_task(session(url, i, turns, steps, lat, errors, round_no))
+             for i in range(sessions)]
     while not all(t.done() for t in tasks):
-        await asyncio.sleep(2)
-        marks.append(rss_mb())
+        await asyncio.sleep(1)
+        marks.append(rss_mb(pid))
     await asyncio.gather(*tasks)
 
 
@@ -106,45 +127,54 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=64)
     ap.add_argument("--turns", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of fresh sessions (soak)")
     ap.add_argument("--window", type=int, default=128_000)
     args = ap.parse_args()
     model = Model()
     fake = FakeUpstream(responder=model, record=False)
-    with tempfile.TemporaryDirectory() as tmp, serve_in_thread(fake) as up:
-        cfg = config_from_mapping({"upstream": {"base_url": up.url + "/v1"}, "storage": {"data_dir": tmp},
-                                   "compaction": {"context_windows": {MODEL: args.window}}})
-        # The proxy runs in this process (a thread), so RSS below is the proxy's plus the
-        # load generator's and the fake's: an upper bound.
-        with serve_in_thread(create_app(cfg), lifespan="on") as proxy:
-            before = rss_mb()
-            lat: list[float] = []
-            errors: list[str] = []
-            marks: list[float] = []
-            t0 = time.perf_counter()
-            asyncio.run(drive(proxy.url, args.sessions, args.turns, lat, errors, marks))
-            elapsed = time.perf_counter() - t0
-            after = rss_mb()
-            db = sorted(os.listdir(tmp))
-            import httpx
-
+    tmp = Path(tempfile.mkdtemp(prefix="ctxload-"))
+    port = free_port()
+    with serve_in_thread(fake) as up:
+        (tmp / "config.yaml").write_text(
+            f"upstream: {{base_url: '{up.url}/v1'}}\nstorage: {{data_dir: '{tmp / 'data'}'}}\n"
+            f"compaction: {{context_windows: {{{MODEL}: {args.window}}}}}\n")
+        # The proxy is its own process, as users run it: the RSS figures are the proxy's alone.
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config",
+                                 str(tmp / "config.yaml"), "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(url + "/healthz")
+            print(f"# {args.sessions} sessions x {args.turns} turns x {args.rounds} rounds, "
+                  f"window {args.window:,}; proxy pid {proc.pid}")
+            print(f"RSS MB after start-up {rss_mb(proc.pid):.0f}")
+            print("round requests errors  p50 ms  p99 ms  RSS MB: peak  after")
+            all_errors: list[str] = []
+            for r in range(args.rounds):
+                lat: list[float] = []
+                errors: list[str] = []
+                marks: list[float] = []
+                asyncio.run(drive(url, args.sessions, args.turns, lat, errors, marks, proc.pid, r))
+                time.sleep(1.5)  # one stats flush, so "after" is at rest
+                lat.sort()
+                all_errors += errors
+                p99 = lat[int(0.99 * (len(lat) - 1))] if lat else 0.0
+                print(f"{r + 1:>5} {len(lat):>8} {len(errors):>6} {statistics.median(lat):>7.0f} "
+                      f"{p99:>7.0f}  {max(marks, default=0):>11.0f} {rss_mb(proc.pid):>6.0f}")
             metrics = {
                 line.split()[0]: float(line.split()[1])
-                for line in httpx.get(proxy.url + "/metrics").text.splitlines()
+                for line in httpx.get(url + "/metrics").text.splitlines()
                 if line.startswith("ctxproxy_") and "{" not in line.split()[0]
             }
-    lat.sort()
-    print(f"# {args.sessions} sessions x {args.turns} turns, window {args.window:,}, {elapsed:.0f} s")
-    print(f"requests {len(lat)}  errors {len(errors)}  {errors[:3]}")
-    print(f"latency ms p50 {statistics.median(lat):.0f}  p99 {lat[int(0.99 * (len(lat) - 1))]:.0f}")
+        finally:
+            proc.terminate()
+            proc.wait(30)
     comp = metrics.get("ctxproxy_compactions_total", 0)
     pre = metrics.get("ctxproxy_precompactions_total", 0)
+    print(f"errors {len(all_errors)} {all_errors[:3]}")
     print(f"summarizer calls {model.summaries}; compaction events {comp:.0f}; "
           f"background preparations {pre:.0f} (a prepared summary a session never needed is the "
           f"only extra call)")
-    third = max(len(marks) // 3, 1)
-    print(f"RSS MB before {before:.0f}, during (first/last third avg) "
-          f"{statistics.mean(marks[:third]) if marks else 0:.0f} / {statistics.mean(marks[-third:]) if marks else 0:.0f}, "
-          f"after {after:.0f}  (data dir entries: {len(db)})")
 
 
 if __name__ == "__main__":

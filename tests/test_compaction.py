@@ -150,6 +150,26 @@ def test_precompaction_hides_summarizer_latency(make_proxy: ProxyFactory, fake: 
     assert elapsed < 0.8, elapsed
 
 
+def test_large_turns_start_preparation_before_precompact_ratio(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    """Turns of ~600 tokens in a 3,000-token budget: from 1,900 tokens two more such turns
+    cross the threshold, so the summary is prepared then, not only past 0.6 x window (2,400),
+    which the next turn would jump over with one turn of warning."""
+    script = Script(fake, delay=0.5)
+    srv = make_proxy(WINDOW)
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                  {"role": "user", "content": "go"}]
+    for t in range(3):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{t}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{t}", "content": f"entry{t} " * 320})
+    r = post(srv, msgs)
+    tokens = int(r.headers["x-ctxproxy-tokens-out"])
+    assert 1500 < tokens < 2400 and r.headers["x-ctxproxy-compacted"] == "0", tokens
+    assert fake.wait_for(lambda f: script.summaries == 1, timeout=5)
+
+
 @pytest.mark.parametrize("failure", [Reply.error(500, "down"), Reply(content="no sections here")])
 def test_summarizer_failure_serves_with_fallback(
     make_proxy: ProxyFactory, fake: FakeUpstream, failure: Reply

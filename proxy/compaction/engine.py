@@ -34,7 +34,7 @@ from ..pipeline import Message, RequestView, StageOutcome
 from ..pipeline.ageing import tool_turns
 from ..pipeline.count import RequestCounter
 from ..pipeline.offload import OffloadStage
-from ..pipeline.turns import leading_system_count, split
+from ..pipeline.turns import leading_system_count, split, units
 from ..store.dialog import DialogArchive
 from ..store.summaries import SummaryRecord, SummaryStore
 from .client import Complete, SummarizerClient
@@ -44,6 +44,10 @@ log = logging.getLogger("proxy.pipeline")
 
 # Prepared summaries hold their evicted messages until used; bound the memory they pin.
 _PREPARED_LIMIT = 64
+# Early preparation: start once this many turns as large as the largest of the newest
+# _STEP_UNITS would cross the threshold (and the context is past half of it).
+_LOOKAHEAD_TURNS = 2
+_STEP_UNITS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,14 @@ class CompactStage:
         if aged == 0:
             return messages
         return self.offload.run(request.body["messages"], request, aged_turns=aged).messages
+
+    def _step(self, applied: Sequence[Message], request: RequestView) -> int:
+        """Tokens of the largest of the newest few turns: what the next request may add."""
+        spans = units(applied, leading_system_count(applied))[-_STEP_UNITS:]
+        return max(
+            (sum(self.counter.message(m, request.model) for m in applied[a:b]) for a, b in spans),
+            default=0,
+        )
 
     def _count(self, messages: Sequence[Message], request: RequestView) -> int:
         tools = request.body.get("tools")
@@ -341,9 +353,16 @@ class CompactStage:
             tokens = self._count(applied, request)
         if tokens > budget.threshold and self.offload is not None:
             applied, tokens = self._last_resort(applied, request, budget, rec, head)
-        elif tokens > budget.pre and compacted_now == 0:
+        elif compacted_now == 0 and (
+            tokens > budget.pre
+            or (2 * tokens > budget.threshold
+                and tokens + _LOOKAHEAD_TURNS * self._step(applied, request) > budget.threshold)
+        ):
             # Plan the split the threshold request will make: by then the history has grown by
-            # at least (threshold - tokens), which that split would not keep either.
+            # at least (threshold - tokens), which that split would not keep either. Agent turns
+            # that add tens of thousands of tokens can jump from below precompact_ratio to over
+            # the threshold in one request, leaving no time for the summary; so preparation also
+            # starts once a few turns as large as the newest ones would cross the threshold.
             keep = max(budget.keep - (budget.threshold - tokens), budget.keep // 4)
             plan = self._plan(messages, request, rec, head, keep)
             if plan is not None:
