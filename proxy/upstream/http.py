@@ -101,17 +101,34 @@ class Upstream:
         """Open the request and return the response with its body unread."""
         if self._session is None:
             raise UpstreamError("upstream client is not running")
-        try:
-            return await self._session.request(
-                method, url, headers=headers, data=body or None, allow_redirects=False
-            )
-        except TimeoutError:
-            raise UpstreamTimeout(f"upstream did not answer within {self.config.timeout_s:g} s") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamError(f"upstream unreachable: {exc.os_error or exc}") from None
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(f"upstream request failed: {type(exc).__name__}: {exc}") from None
-
+        # A pooled keep-alive connection the upstream closed while it sat idle (servers time
+        # them out after a few seconds) fails on first use, before any response byte: the
+        # upstream never answered, so one retry on a fresh connection is safe and hides it.
+        # The openai SDK itself retries such connection errors twice.
+        for attempt in (1, 2):
+            try:
+                return await self._session.request(
+                    method, url, headers=headers, data=body or None, allow_redirects=False
+                )
+            except TimeoutError:
+                raise UpstreamTimeout(
+                    f"upstream did not answer within {self.config.timeout_s:g} s"
+                ) from None
+            except aiohttp.ClientConnectorError as exc:
+                raise UpstreamError(f"upstream unreachable: {exc.os_error or exc}") from None
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if attempt == 1:
+                    log.info("upstream dropped the connection before answering (%s); retrying "
+                             "once on a new connection", type(exc).__name__)
+                    continue
+                raise UpstreamError(
+                    f"upstream request failed: {type(exc).__name__}: {exc}"
+                ) from None
+            except aiohttp.ClientError as exc:
+                raise UpstreamError(
+                    f"upstream request failed: {type(exc).__name__}: {exc}"
+                ) from None
+        raise AssertionError("unreachable")
 
 def response_headers(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
     out: list[tuple[bytes, bytes]] = []

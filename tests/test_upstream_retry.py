@@ -1,0 +1,106 @@
+"""A pooled connection the upstream dropped is retried once, never more."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from proxy.app import create_app
+from proxy.config import config_from_mapping
+from proxy.testing.servers import serve_in_thread
+
+ANSWER = orjson.dumps({"id": "x", "object": "chat.completion", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+
+
+class DroppingUpstream:
+    """Raw HTTP/1.1 on loopback: the first `drops` requests are read and then the connection
+    is closed without a byte of answer, as a server does with a keep-alive connection it timed
+    out; later requests get a 200."""
+
+    def __init__(self, drops: int) -> None:
+        self.drops = drops
+        self.requests = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                buf = buf[length:]
+                with self._lock:
+                    self.requests += 1
+                    drop = self.requests <= self.drops
+                if drop:
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def upstream_factory() -> Iterator[list[DroppingUpstream]]:
+    made: list[DroppingUpstream] = []
+    yield made
+    for up in made:
+        up.close()
+
+
+def post(upstream: DroppingUpstream, tmp_path: Path) -> httpx.Response:
+    config = config_from_mapping({"upstream": {"base_url": upstream.url},
+                                  "storage": {"data_dir": str(tmp_path / "data")}})
+    with serve_in_thread(create_app(config), lifespan="on") as proxy:
+        return httpx.post(proxy.url + "/v1/chat/completions", timeout=10, json={
+            "model": "m", "messages": [{"role": "user", "content": "hello"}]})
+
+
+def test_dropped_connection_is_retried_once(
+    upstream_factory: list[DroppingUpstream], tmp_path: Path
+) -> None:
+    up = DroppingUpstream(drops=1)
+    upstream_factory.append(up)
+    r = post(up, tmp_path)
+    assert r.status_code == 200 and r.content == ANSWER
+    assert up.requests == 2
+
+
+def test_a_second_drop_is_a_502_not_a_loop(
+    upstream_factory: list[DroppingUpstream], tmp_path: Path
+) -> None:
+    up = DroppingUpstream(drops=10)
+    upstream_factory.append(up)
+    r = post(up, tmp_path)
+    assert r.status_code == 502
+    assert r.json()["error"]["type"]
+    assert up.requests == 2
