@@ -164,7 +164,7 @@ class ReadLoop:
                     await send({"type": "http.response.start", "status": 200,
                                 "headers": response_headers(resp) + extra})
                     started = True
-                rnd = _Round(self.tool.name, client_index)
+                rnd = _Round(self.tool.name, client_index, want_usage)
                 try:
                     async for event in _events(resp):
                         for out in rnd.feed(event, meta):
@@ -196,8 +196,9 @@ class ReadLoop:
 class _Round:
     """Filters one round's chunks: withholds the proxy's tool calls and the usage chunk."""
 
-    def __init__(self, name: str, client_index: dict[int, int]) -> None:
+    def __init__(self, name: str, client_index: dict[int, int], want_usage: bool = True) -> None:
         self.name = name
+        self.want_usage = want_usage
         self.mine: dict[int, bool] = {}
         self.calls: dict[int, dict[str, Any]] = {}
         self.client_index = client_index
@@ -221,6 +222,9 @@ class _Round:
                 meta[key] = chunk[key]
         if chunk.get("usage") is not None:
             self.usage = chunk.pop("usage")
+        elif not self.want_usage:
+            # The loop asked upstream for usage, the client did not: no `usage: null` either.
+            chunk.pop("usage", None)
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not choices:
             return []  # the usage chunk: summed and sent once at the very end
