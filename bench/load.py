@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -133,23 +134,25 @@ def main() -> None:
     model = Model()
     fake = FakeUpstream(responder=model, record=False)
     tmp = Path(tempfile.mkdtemp(prefix="ctxload-"))
+    all_errors: list[str] = []
     port = free_port()
     with serve_in_thread(fake) as up:
         (tmp / "config.yaml").write_text(
             f"upstream: {{base_url: '{up.url}/v1'}}\nstorage: {{data_dir: '{tmp / 'data'}'}}\n"
             f"compaction: {{context_windows: {{{MODEL}: {args.window}}}}}\n")
         # The proxy is its own process, as users run it: the RSS figures are the proxy's alone.
+        log = open(tmp / "proxy.log", "wb")  # noqa: SIM115 (closed with the process)
         proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config",
-                                 str(tmp / "config.yaml"), "--port", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 str(tmp / "config.yaml"), "--port", str(port),
+                                 "--log-level", "info"],
+                                stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_http(url + "/healthz")
             print(f"# {args.sessions} sessions x {args.turns} turns x {args.rounds} rounds, "
-                  f"window {args.window:,}; proxy pid {proc.pid}")
+                  f"window {args.window:,}; proxy pid {proc.pid}, log {tmp / 'proxy.log'}")
             print(f"RSS MB after start-up {rss_mb(proc.pid):.0f}")
             print("round requests errors  p50 ms  p99 ms  RSS MB: peak  after")
-            all_errors: list[str] = []
             for r in range(args.rounds):
                 lat: list[float] = []
                 errors: list[str] = []
@@ -169,6 +172,11 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
+            log.close()
+    if all_errors:
+        print(f"kept {tmp} for its proxy.log")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     comp = metrics.get("ctxproxy_compactions_total", 0)
     pre = metrics.get("ctxproxy_precompactions_total", 0)
     print(f"errors {len(all_errors)} {all_errors[:3]}")

@@ -53,6 +53,9 @@ class Upstream:
         self.config = config
         self.base_url = config.base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
+        # Retries go through a session that never reuses a connection: the pool may hold more
+        # connections the upstream closed at the same moment as the one that just failed.
+        self._fresh: aiohttp.ClientSession | None = None
         self._auth = f"Bearer {config.api_key}" if config.api_key else None
 
     async def start(self) -> None:
@@ -64,7 +67,14 @@ class Upstream:
             connect=self.config.connect_timeout_s,
             sock_read=self.config.timeout_s,
         )
-        self._session = aiohttp.ClientSession(
+        self._session = self._open(connector, timeout)
+        self._fresh = self._open(
+            aiohttp.TCPConnector(limit=self.config.max_connections, force_close=True), timeout
+        )
+
+    @staticmethod
+    def _open(connector: aiohttp.TCPConnector, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
             auto_decompress=True,
@@ -74,9 +84,10 @@ class Upstream:
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
     def url(self, subpath: str, query: bytes = b"") -> str:
         url = f"{self.base_url}/{subpath.lstrip('/')}"
@@ -99,15 +110,15 @@ class Upstream:
         self, method: str, url: str, headers: list[tuple[str, str]], body: bytes
     ) -> aiohttp.ClientResponse:
         """Open the request and return the response with its body unread."""
-        if self._session is None:
+        if self._session is None or self._fresh is None:
             raise UpstreamError("upstream client is not running")
         # A pooled keep-alive connection the upstream closed while it sat idle (servers time
         # them out after a few seconds) fails on first use, before any response byte: the
         # upstream never answered, so one retry on a fresh connection is safe and hides it.
         # The openai SDK itself retries such connection errors twice.
-        for attempt in (1, 2):
+        for attempt, session in ((1, self._session), (2, self._fresh)):
             try:
-                return await self._session.request(
+                return await session.request(
                     method, url, headers=headers, data=body or None, allow_redirects=False
                 )
             except TimeoutError:
