@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
+from typing import Any
 
 from .config import Config, load_config
 from .errors import ConfigError
@@ -49,7 +53,27 @@ def _setup_logging(level: str) -> None:
     root.propagate = False
 
 
+class _Terminated(BaseException):
+    """SIGTERM after uvicorn's graceful shutdown (see :func:`serve`)."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
 def serve(config: Config, log_level: str) -> int:
+    """Run until SIGTERM/SIGINT, then shut down gracefully (exit 0).
+
+    Shutdown, by uvicorn: the listening socket closes at once (new connections are refused),
+    idle keep-alive connections close, requests and streams in flight run to completion for up
+    to ``server.shutdown_timeout_s`` and are cancelled after that; only then does the lifespan
+    close the runtime (it waits for the archive writes those requests left behind, then closes
+    the upstream client and the database). A second SIGINT skips the wait.
+
+    uvicorn re-raises the captured signal once it is done, so that the process would die of
+    SIGTERM (exit status 143) after an orderly shutdown; the handler installed here turns that
+    into a plain return, exit code 0 as for every orderly stop.
+    """
     import uvicorn
 
     from .app import create_app
@@ -61,18 +85,28 @@ def serve(config: Config, log_level: str) -> int:
         config.server.port,
         config.upstream.base_url,
     )
-    uvicorn.run(
-        create_app(config),
-        host=config.server.host,
-        port=config.server.port,
-        log_level="warning",
-        access_log=False,
-        proxy_headers=False,
-        server_header=False,
-        date_header=False,
-        lifespan="on",
-        timeout_graceful_shutdown=30,
-    )
+    # uvicorn's Config annotates the timeout as int; it only reaches asyncio.wait_for.
+    drain: Any = config.server.shutdown_timeout_s
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    try:
+        uvicorn.run(
+            create_app(config),
+            host=config.server.host,
+            port=config.server.port,
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
+            lifespan="on",
+            timeout_graceful_shutdown=drain,
+        )
+    except _Terminated:
+        pass
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return EXIT_OK
 
 

@@ -32,6 +32,13 @@ class ServerConfig(_Section):
         description="Base URL people and models reach the proxy at (for /files links in "
         "notices with retrieval.mode none); null: http://host:port.",
     )
+    shutdown_timeout_s: float = Field(
+        30,
+        ge=0,
+        description="On SIGTERM/SIGINT, how long requests and streams already in flight may "
+        "run to completion (new connections are refused at once); what is still running then "
+        "is cut off. Keep the orchestrator's kill deadline above it.",
+    )
 
 
 class UpstreamConfig(_Section):

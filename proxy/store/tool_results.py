@@ -1,16 +1,31 @@
-"""Offloaded tool outputs: `data_dir/<tenant>/<session>/tool_result/<id>.txt`, written once."""
+"""Offloaded tool outputs: `data_dir/<tenant>/<session>/tool_result/<id>.txt`, written once.
+
+Durability: each original is written to a temp file in the same directory (a ``.``-name no
+listing or URL can reach), fsynced, renamed over the final name, and the directory is fsynced
+after the rename (POSIX), so neither a kill nor a power cut can leave a partial file under a
+final name: readers see no file or the whole one. A directory created for the first file of a
+session is fsynced into its parent too. A file found under its final name with the wrong size
+(e.g. restored from a backup or damaged outside the proxy) is rewritten from the resent original
+instead of being trusted: the id is a digest of the content, so the size alone tells.
+A crash can leave a stray ``.<id>.txt.<hex>.tmp``; it is never served and gc removes it with
+the expired files.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 
 from .paths import TOOL_RESULT_DIR, atomic_write, check_name, tool_result_file
+from .paths import _fsync_dir as fsync_dir  # the one best-effort directory fsync
 
 log = logging.getLogger("proxy.store")
+
+_SIZE_CACHE = 65536  # ids whose (non-ASCII) UTF-8 size is remembered
 
 
 class OffloadedFileMissing(LookupError):
@@ -37,19 +52,46 @@ def relative_path(rid: str) -> str:
 class ToolResultStore:
     """Writes each original once (temp file + rename) and deletes them after their TTL."""
 
-    def __init__(self, data_dir: Path, ttl_days: float) -> None:
+    def __init__(self, data_dir: Path, ttl_days: float, *, fsync: bool = True) -> None:
         self.data_dir = Path(data_dir)
         self.ttl_s = ttl_days * 86400
+        self.fsync = fsync
+        self._sizes: dict[str, int] = {}
+
+    def _utf8_size(self, rid: str, content: str) -> int:
+        if content.isascii():
+            return len(content)
+        size = self._sizes.get(rid)
+        if size is None:
+            size = len(content.encode("utf-8", "surrogatepass"))
+            if len(self._sizes) >= _SIZE_CACHE:
+                self._sizes.clear()
+            self._sizes[rid] = size
+        return size
 
     def path(self, tenant: str, session: str, rid: str) -> Path:
         return tool_result_file(self.data_dir, tenant, session, rid)
 
     def save(self, tenant: str, session: str, rid: str, content: str) -> bool:
-        """Persist `content` unless that id exists already; True when written now."""
+        """Persist `content` unless that id exists already whole; True when written now."""
         path = self.path(tenant, session, rid)
-        if path.exists():
-            return False
-        atomic_write(path, content.encode("utf-8", "surrogatepass"), fsync=False)
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            pass
+        else:
+            # Called for every offloaded message of every resent history: a stat, and the
+            # UTF-8 size without encoding when the text is ASCII (or was measured before).
+            size = self._utf8_size(rid, content)
+            if stat.S_ISREG(info.st_mode) and info.st_size == size:
+                return False
+            # Damaged (short, empty) or replaced by something else: the rename below replaces
+            # the entry itself, a symlink is never followed.
+            log.warning("%s is not the %d-byte original; rewriting it", path, size)
+        data = content.encode("utf-8", "surrogatepass")
+        if self.fsync:
+            _make_dirs_durable(path.parent)
+        atomic_write(path, data, fsync=self.fsync)
         return True
 
     def read(self, tenant: str, session: str, rid: str) -> str:
@@ -90,6 +132,24 @@ class ToolResultStore:
         if deleted:
             log.info("gc deleted %d expired tool_result files", deleted)
         return deleted
+
+
+def _make_dirs_durable(directory: Path) -> None:
+    """Create ``directory`` (and missing parents) with each new entry fsynced into its parent,
+    so a power cut cannot lose a fresh session's directory with the files renamed into it."""
+    if directory.is_dir():
+        return
+    missing: list[Path] = []
+    current = directory
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue  # another request of the same session got there first
+        fsync_dir(d.parent)
 
 
 def _subdirs(path: Path) -> list[Path]:
