@@ -162,7 +162,9 @@ def files_url(config: Config) -> str:
 
 
 def _warm(counter: RequestCounter, windows: ContextWindows) -> None:
-    counter.counter.preload(("gpt-4o", "gpt-4"))
+    # o200k only: current OpenAI models and the estimate for every other provider. cl100k
+    # (~30 MB) loads the first time an older model is seen, in a worker thread.
+    counter.counter.preload(("gpt-4o",))
     windows.load()
 
 

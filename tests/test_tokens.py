@@ -744,3 +744,33 @@ def test_100k_token_history_cold_and_warm(counter: TokenCounter) -> None:
     warm = time.perf_counter() - warm_start
     assert cold < 2.0
     assert warm < cold
+
+
+def test_older_encodings_load_on_first_use_off_the_event_loop(
+    make_proxy: Any, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up preloads only o200k (RSS); cl100k loads when a gpt-4 request first needs it,
+    in a worker thread, and that request's counts are exact."""
+    import threading
+
+    import httpx
+
+    loads: list[tuple[str, str]] = []
+    original = tk.TokenCounter._load_encoding
+
+    def recording(self: tk.TokenCounter, name: str) -> Any:
+        if name not in self._encodings:
+            loads.append((name, threading.current_thread().name))
+        return original(self, name)
+
+    monkeypatch.setattr(tk.TokenCounter, "_load_encoding", recording)
+    srv = make_proxy()
+    assert httpx.get(srv.url + "/healthz").status_code == 200
+    text = "count these words, exactly as tiktoken does " * 20
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
+        "model": "gpt-4", "messages": [{"role": "user", "content": text}]})
+    assert r.status_code == 200
+    cl100k = [thread for name, thread in loads if name == "cl100k_base"]
+    assert len(cl100k) == 1 and cl100k[0] != f"asgi-{srv.port}", loads
+    expected = len(tiktoken.get_encoding("cl100k_base").encode(text)) + 3 + 1 + 3
+    assert int(r.headers["x-ctxproxy-tokens-in"]) == expected

@@ -328,6 +328,7 @@ class CompactStage:
         if not self.config.enabled or len(request.chains) != len(messages) or not messages:
             return StageOutcome(messages, False)
         ident = request.identity
+        await self.counter.ready(request.model)
         head = leading_system_count(messages)
         budget = self.budget(request)
         rec = await self._latest(ident.tenant, ident.session, request.chains)

@@ -69,7 +69,10 @@ class RequestCounter:
         return self.messages(messages, model) + tools_n + REPLY_PRIMING
 
     def needs_work(self, messages: Sequence[Any], model: str) -> bool:
-        """True when some big text is not cached yet (worth moving to a worker thread)."""
+        """True when some big text is not cached yet, or the model's encoding is not loaded yet
+        (either is worth moving to a worker thread)."""
+        if not self.counter.resolved(model):
+            return True
         enc = self.counter.encoding_name(model)
         with self._lock:
             for m in messages:
@@ -78,6 +81,11 @@ class RequestCounter:
                     if (enc, content) not in self._texts:
                         return True
         return False
+
+    async def ready(self, model: str) -> None:
+        """Load ``model``'s encoding off the event loop the first time the model is seen."""
+        if not self.counter.resolved(model):
+            await asyncio.to_thread(self.counter.encoding_name, model)
 
     async def request_async(
         self, messages: Sequence[Any], model: str, tools: Sequence[Mapping[str, Any]] | None

@@ -232,7 +232,11 @@ class TokenCounter:
         self._model_encoding[key] = effective
         return effective
 
-    def preload(self, models: Iterable[str] = ("gpt-4o", "gpt-4")) -> dict[str, float]:
+    def resolved(self, model: str | None) -> bool:
+        """True once ``model``'s encoding is known (loaded, or settled on the estimate)."""
+        return (model or "") in self._model_encoding
+
+    def preload(self, models: Iterable[str] = ("gpt-4o",)) -> dict[str, float]:
         """Load the encodings of ``models`` now (app lifespan) so no request pays for it."""
         for model in models:
             self.encoding_name(model)
