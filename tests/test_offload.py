@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import subprocess
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import Config, config_from_mapping
-from proxy.pipeline import RequestView
+from proxy.pipeline import RequestView, StageOutcome
 from proxy.pipeline.notice import parse_notice, split_notice
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.truncate import read_chunk, utf8_len
@@ -30,10 +31,23 @@ from .conftest import ProxyFactory
 ID = Identity("t-tenant", "sess-1", None)
 
 
-def make_stage(tmp_path: Path, **offload: Any) -> tuple[OffloadStage, ToolResultStore, Config]:
+class SyncStage:
+    """The stage driven to completion, as the pipeline awaits it."""
+
+    def __init__(self, stage: OffloadStage) -> None:
+        self.stage = stage
+
+    def __call__(self, messages: list[dict[str, Any]], request: RequestView) -> StageOutcome:
+        return asyncio.run(self.stage(messages, request))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stage, name)
+
+
+def make_stage(tmp_path: Path, **offload: Any) -> tuple[SyncStage, ToolResultStore, Config]:
     cfg = config_from_mapping({"offload": offload, "storage": {"data_dir": str(tmp_path)}})
     store = ToolResultStore(tmp_path, cfg.storage.tool_result_ttl_days)
-    return OffloadStage(cfg.offload, cfg.retrieval, store), store, cfg
+    return SyncStage(OffloadStage(cfg.offload, cfg.retrieval, store)), store, cfg
 
 
 def view(messages: list[dict[str, Any]]) -> RequestView:
@@ -264,6 +278,32 @@ def test_disk_failure_forwards_uncut(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert out.stats["offload_errors"] == 1 and out.stats["offloaded"] == 0
     assert out.messages[2]["content"] == msgs[2]["content"]
     assert list(tmp_path.rglob("*.tmp")) == []
+
+
+def test_new_originals_are_written_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes are fsynced (ms each): they run in a worker thread, and before the stage returns
+    (the cut is never forwarded ahead of its file); a resend writes nothing."""
+    import threading
+
+    stage, store, _ = make_stage(tmp_path)
+    threads: list[str] = []
+    real_write = store.write
+
+    def recording(*args: Any) -> None:
+        threads.append(threading.current_thread().name)
+        real_write(*args)
+
+    monkeypatch.setattr(store, "write", recording)
+    msgs = [{"role": "user", "content": "go"}, *turn("c1", "bash", log_text(2000)),
+            *turn("c2", "bash", log_text(2000, "n"))]
+    out = stage(msgs, view(msgs))
+    assert out.stats["files_written"] == 2 and len(files(tmp_path)) == 2
+    assert len(threads) == 2 and threading.main_thread().name not in threads
+    again = stage(orjson.loads(orjson.dumps(msgs)), view(msgs))
+    assert again.stats["files_written"] == 0 and len(threads) == 2
+    assert again.messages == out.messages
 
 
 def test_ttl_gc_and_expired_read(tmp_path: Path) -> None:

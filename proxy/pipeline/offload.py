@@ -9,6 +9,7 @@ bytes. Results of the client's own read tools point back to that tool and the or
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections import OrderedDict
@@ -218,22 +219,41 @@ class OffloadStage:
         return max(now - later, 0)
 
     def _offload(
-        self, identity: Identity, text: str, budget: int, read: ReadCall | None
+        self, identity: Identity, text: str, budget: int, read: ReadCall | None,
+        defer: list[tuple[str, str]] | None = None,
     ) -> tuple[str | None, bool, bool]:
         """Cut `text` to `budget` and make sure its original is saved.
 
         Returns (the cut text or None when it fits, whether a file was written now, whether
         saving failed). A file that cannot be written means no cut: degrade, never drop.
+        With `defer`, a file that must be written is appended to it as (id, text) instead;
+        the caller writes it (off the event loop) before the cut is forwarded.
         """
         entry = self._entry(identity.tenant, identity.session, text)
         new = self._cut(entry, text, budget, read, identity)
         if new is None:
             return None, False, False
         try:
-            return new, self.store.save(identity.tenant, identity.session, entry.rid, text), False
+            if defer is None:
+                return new, self.store.save(identity.tenant, identity.session, entry.rid, text), False
+            if self.store.needs_write(identity.tenant, identity.session, entry.rid, text):
+                defer.append((entry.rid, text))
+                return new, True, False
+            return new, False, False
         except (OSError, ValueError) as exc:
             log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
             return None, False, True
+
+    def _write_all(self, identity: Identity, files: list[tuple[str, str]]) -> set[str]:
+        """Write deferred originals; returns the ids that could not be written."""
+        failed: set[str] = set()
+        for rid, text in files:
+            try:
+                self.store.write(identity.tenant, identity.session, rid, text)
+            except (OSError, ValueError) as exc:
+                log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
+                failed.add(rid)
+        return failed
 
     def harder(self, messages: list[Message], identity: Identity, budget: int) -> list[Message]:
         """The last resort when even the newest turn is over budget: cut every tool result
@@ -258,11 +278,32 @@ class OffloadStage:
 
     # -- the stage -------------------------------------------------------------------------
 
-    def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
-        return self.run(messages, request, aged_turns=0 if self.defer_ageing else None)
+    async def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
+        # New originals are written (fsynced, ms each) in a worker thread, never on the event
+        # loop; a resent history only stats its files.
+        files: list[tuple[str, str]] = []
+        written: dict[int, str] = {}
+        outcome = self.run(messages, request, aged_turns=0 if self.defer_ageing else None,
+                           defer=files, written=written)
+        if not files:
+            return outcome
+        failed = await asyncio.to_thread(self._write_all, request.identity, files)
+        if not failed:
+            return outcome
+        out = list(outcome.messages)
+        undone = [i for i, rid in written.items() if rid in failed]
+        for i in undone:
+            out[i] = messages[i]
+        stats = dict(outcome.stats)
+        stats["offloaded"] -= len(undone)
+        stats["files_written"] -= len(failed)
+        stats["offload_errors"] += len(failed)
+        changed = any(a is not b for a, b in zip(out, messages, strict=True))
+        return StageOutcome(out if changed else messages, changed, stats)
 
     def run(
-        self, messages: list[Message], request: RequestView, *, aged_turns: int | None
+        self, messages: list[Message], request: RequestView, *, aged_turns: int | None,
+        defer: list[tuple[str, str]] | None = None, written: dict[int, str] | None = None,
     ) -> StageOutcome:
         """Both stages; `aged_turns` re-cuts the results of the first that many tool-call
         turns (None: decide by the age policy)."""
@@ -292,7 +333,7 @@ class OffloadStage:
             aged_upto = min(aged_turns, max(turns - self.config.recent_n, 0))
 
         out = list(messages)
-        offloaded = written = errors = saved = 0
+        offloaded = files_written = errors = saved = 0
         for i, text in texts.items():
             m = messages[i]
             aged = turn_of.get(i, turns) < aged_upto
@@ -303,15 +344,18 @@ class OffloadStage:
                 # again; stage 2 only rewrites the excerpt.
                 new = recut(text, budget) if aged else None
             else:
-                new, wrote, failed = self._offload(request.identity, text, budget, read)
-                written += wrote
+                before = len(defer) if defer is not None else 0
+                new, wrote, failed = self._offload(request.identity, text, budget, read, defer)
+                files_written += wrote
                 errors += failed
+                if defer is not None and written is not None and len(defer) > before:
+                    written[i] = defer[-1][0]
             if new is not None:
                 out[i] = _with_text(m, new)
                 offloaded += 1
                 saved += len(text) - len(new)
         changed = offloaded > 0
-        stats: dict[str, int] = {"offloaded": offloaded, "files_written": written, "offload_errors": errors,
+        stats: dict[str, int] = {"offloaded": offloaded, "files_written": files_written, "offload_errors": errors,
                  "offload_chars_saved": saved, "aged_turns": aged_upto}
         return StageOutcome(out if changed else messages, changed, stats)
 

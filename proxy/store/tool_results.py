@@ -74,25 +74,35 @@ class ToolResultStore:
 
     def save(self, tenant: str, session: str, rid: str, content: str) -> bool:
         """Persist `content` unless that id exists already whole; True when written now."""
+        if not self.needs_write(tenant, session, rid, content):
+            return False
+        self.write(tenant, session, rid, content)
+        return True
+
+    def needs_write(self, tenant: str, session: str, rid: str, content: str) -> bool:
+        """False when the file exists whole: one stat, cheap enough for the event loop."""
         path = self.path(tenant, session, rid)
         try:
             info = path.lstat()
         except FileNotFoundError:
-            pass
-        else:
-            # Called for every offloaded message of every resent history: a stat, and the
-            # UTF-8 size without encoding when the text is ASCII (or was measured before).
-            size = self._utf8_size(rid, content)
-            if stat.S_ISREG(info.st_mode) and info.st_size == size:
-                return False
-            # Damaged (short, empty) or replaced by something else: the rename below replaces
-            # the entry itself, a symlink is never followed.
-            log.warning("%s is not the %d-byte original; rewriting it", path, size)
+            return True
+        # Called for every offloaded message of every resent history: a stat, and the
+        # UTF-8 size without encoding when the text is ASCII (or was measured before).
+        size = self._utf8_size(rid, content)
+        if stat.S_ISREG(info.st_mode) and info.st_size == size:
+            return False
+        # Damaged (short, empty) or replaced by something else: the rename in `write` replaces
+        # the entry itself, a symlink is never followed.
+        log.warning("%s is not the %d-byte original; rewriting it", path, size)
+        return True
+
+    def write(self, tenant: str, session: str, rid: str, content: str) -> None:
+        """Write (or rewrite) the original atomically; fsynced, so it may block for ms."""
+        path = self.path(tenant, session, rid)
         data = content.encode("utf-8", "surrogatepass")
         if self.fsync:
             _make_dirs_durable(path.parent)
         atomic_write(path, data, fsync=self.fsync)
-        return True
 
     def read(self, tenant: str, session: str, rid: str) -> str:
         path = self.path(tenant, session, rid)
