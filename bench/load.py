@@ -130,6 +130,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of fresh sessions (soak)")
     ap.add_argument("--window", type=int, default=128_000)
+    ap.add_argument("--cache-mb", type=int, default=None, help="server.cache_mb (default: its default)")
     args = ap.parse_args()
     model = Model()
     fake = FakeUpstream(responder=model, record=False)
@@ -139,7 +140,8 @@ def main() -> None:
     with serve_in_thread(fake) as up:
         (tmp / "config.yaml").write_text(
             f"upstream: {{base_url: '{up.url}/v1'}}\nstorage: {{data_dir: '{tmp / 'data'}'}}\n"
-            f"compaction: {{context_windows: {{{MODEL}: {args.window}}}}}\n")
+            f"compaction: {{context_windows: {{{MODEL}: {args.window}}}}}\n"
+            + (f"server: {{cache_mb: {args.cache_mb}}}\n" if args.cache_mb else ""))
         # The proxy is its own process, as users run it: the RSS figures are the proxy's alone.
         log = open(tmp / "proxy.log", "wb")  # noqa: SIM115 (closed with the process)
         proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config",

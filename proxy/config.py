@@ -32,6 +32,14 @@ class ServerConfig(_Section):
         description="Base URL people and models reach the proxy at (for /files links in "
         "notices with retrieval.mode none); null: http://host:port.",
     )
+    cache_mb: int = Field(
+        512,
+        ge=8,
+        description="Memory (MiB) for the in-process caches keyed by message content (token "
+        "counts 40%, cuts 40%, message digests 20%); they pin the originals they hold. Size it "
+        "to the tool outputs of the sessions active at once: below that, resent histories are "
+        "re-tokenized.",
+    )
     shutdown_timeout_s: float = Field(
         30,
         ge=0,

@@ -98,7 +98,8 @@ async def open_runtime(
     )
     tool_results = ToolResultStore(config.storage.data_dir, config.storage.tool_result_ttl_days)
     ensure_tiktoken_offline()
-    counter = RequestCounter(TokenCounter())
+    cache = config.server.cache_mb * 1024 * 1024
+    counter = RequestCounter(TokenCounter(), cache_chars=cache * 2 // 5)
     rt = Runtime(
         config=config, upstream=upstream, router=router, stages=(),
         max_body=int(config.server.max_body_mb * 1024 * 1024),
@@ -111,13 +112,14 @@ async def open_runtime(
             db is not None and config.compaction.enabled and config.offload.age_policy == "batched"
         ),
         files_url=files_url(config),
+        cache_bytes=cache * 2 // 5,
     )
     built: list[Stage] = [offload]
     if db is not None:
         rt.db = db
         rt.stats = StatsBuffer(db)
         rt.stats_task = asyncio.create_task(rt.stats.run())
-        rt.archive = DialogArchive(config.storage.data_dir, db, digest_cache=DigestCache())
+        rt.archive = DialogArchive(config.storage.data_dir, db, digest_cache=DigestCache(max_bytes=cache // 5))
         rt.summaries = SummaryStore(db, config.storage.data_dir)
         windows = ContextWindows(config.compaction.context_windows)
         rt.summarizer = SummarizerClient(
