@@ -132,22 +132,36 @@ async def _abandon(url: str, body: bytes, after: float, stream: bool) -> None:
             pass
 
 
+async def _abandon_once_forwarded(url: str, body: bytes, fake: FakeUpstream) -> None:
+    """Post, and walk away as soon as the upstream has the request (the first request of a
+    fresh proxy may still be loading its tokenizer, so no fixed delay would do)."""
+    async with aiohttp.ClientSession() as s:
+        task = asyncio.ensure_future(s.post(url, data=body))
+        assert await fake.wait_for_async(lambda f: len(f.received) == 1, timeout=10)
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, aiohttp.ClientError):
+            pass
+
+
 def test_disconnect_cancels_non_streaming_upstream_call(
     proxy: ServerThread, fake: FakeUpstream
 ) -> None:
-    fake.script(Reply(delay_s=5))
-    asyncio.run(_abandon(proxy.url + CHAT, GOOD, 0.4, stream=False))
-    assert fake.wait_for(lambda f: len(f.cancelled) == 1, timeout=3)
+    fake.script(Reply(delay_s=20))
+    asyncio.run(_abandon_once_forwarded(proxy.url + CHAT, GOOD, fake))
+    assert fake.wait_for(lambda f: len(f.cancelled) == 1, timeout=10)
     assert fake.completed == []
 
 
 def test_disconnect_cancels_streaming_upstream_call(
     proxy: ServerThread, fake: FakeUpstream
 ) -> None:
-    fake.script(Reply(content="word " * 50, stream_pieces=50, chunk_delay_s=0.1))
+    # 20 s of stream, so that even a loaded machine sees the cancel long before it could end.
+    fake.script(Reply(content="word " * 200, stream_pieces=200, chunk_delay_s=0.1))
     body = orjson.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]})
     asyncio.run(_abandon(proxy.url + CHAT, body, 0.5, stream=True))
-    assert fake.wait_for(lambda f: len(f.cancelled) == 1, timeout=3)
+    assert fake.wait_for(lambda f: len(f.cancelled) == 1, timeout=10)
     assert fake.completed == []
 
 
