@@ -139,11 +139,21 @@ async def read_whole(resp: aiohttp.ClientResponse) -> bytes:
         raise UpstreamError(f"upstream answer broke off: {type(exc).__name__}") from None
 
 
+def redact_secret(body: bytes, secret: str | None) -> bytes:
+    """`body` with `secret` (the proxy's own upstream key) replaced by ``[redacted]``."""
+    if not secret:
+        return body
+    raw = secret.encode("utf-8", "surrogatepass")
+    return body.replace(raw, b"[redacted]") if raw in body else body
+
+
 async def relay_buffered(
-    send: Send, resp: aiohttp.ClientResponse, headers: Headers, tap: Tap | None = None
+    send: Send, resp: aiohttp.ClientResponse, headers: Headers, tap: Tap | None = None,
+    redact: str | None = None,
 ) -> None:
-    """Read the whole upstream body, then answer: a broken body still gets a clean 502."""
-    body = await read_whole(resp)
+    """Read the whole upstream body, then answer: a broken body still gets a clean 502.
+    `redact`: a secret to take out of the body first."""
+    body = redact_secret(await read_whole(resp), redact)
     if tap is not None:
         tap(body)
     await send_whole(send, resp.status, headers, body)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -32,6 +32,12 @@ log = logging.getLogger("proxy.access")
 
 _BUFFER_LIMIT = 16 * 1024 * 1024
 _SSE = "text/event-stream"
+# Deepest JSON nesting a chat body may have. orjson parses up to 1024 levels but serializes only
+# 254, and the proxy re-serializes the body (and each message, for the archive and the hashes):
+# deeper bodies are refused up front instead of failing half-way through the pipeline.
+MAX_DEPTH = 128
+_JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
+               list: "an array", type(None): "null"}
 
 
 def runtime_of(scope: Scope) -> Runtime:
@@ -63,7 +69,39 @@ def parse_chat(raw: bytes, max_messages: int = 100_000) -> dict[str, Any]:
             f"'messages' has {len(messages)} entries; this proxy accepts at most {max_messages}",
             param="messages",
         )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            got = _JSON_TYPES.get(type(message), "a value")
+            raise BadRequest(
+                f"Invalid type for 'messages[{i}]': expected an object, but got {got} instead.",
+                param=f"messages[{i}]",
+            )
+        # The fields the pipeline dispatches on (anything else is the upstream's to judge).
+        for name, kind, expected in (("role", str, "a string"), ("tool_calls", list, "an array")):
+            value = message.get(name)
+            if value is not None and not isinstance(value, kind):
+                got = _JSON_TYPES.get(type(value), "an object")
+                raise BadRequest(
+                    f"Invalid type for 'messages[{i}].{name}': expected {expected}, "
+                    f"but got {got} instead.",
+                    param=f"messages[{i}].{name}",
+                )
+    if _deeper_than(body, MAX_DEPTH):
+        raise BadRequest(f"request body is nested more than {MAX_DEPTH} levels deep")
     return body
+
+
+def _deeper_than(value: dict[str, Any] | list[Any], budget: int) -> bool:
+    """Whether `value` nests more than `budget` objects/arrays (itself counted). Only
+    containers are visited (a few ms for a 7 MB, 9,000-message body)."""
+    if budget <= 0:
+        return True
+    items: Iterable[Any] = value.values() if isinstance(value, dict) else value
+    for item in items:
+        kind = type(item)
+        if (kind is dict or kind is list) and _deeper_than(item, budget - 1):
+            return True
+    return False
 
 
 def ctx_headers(identity: Identity, result: PipelineResult, raw: bytes, out: bytes) -> Headers:
@@ -108,8 +146,10 @@ async def forward_raw(
     """Send the request upstream as bytes and relay the answer as bytes.
 
     SSE streams pass chunk by chunk; other bodies are buffered (a break then still gets a clean
-    502) unless they are large or, with `buffer_unknown` off, of unknown length. Taps see only
-    successful answers.
+    502) unless they are large or, with `buffer_unknown` off and a success, of unknown length.
+    Taps see only successful answers. An error body is the provider's and passes through, but
+    the proxy's own `upstream.api_key`, should the provider echo it, is redacted: the client
+    never had it.
     """
     up = rt.upstream
     timing = timing_of(scope)
@@ -122,11 +162,14 @@ async def forward_raw(
     async with resp:
         headers = [*response_headers(resp), *extra]
         ok = resp.status == 200
+        failed = resp.status >= 400
         length = resp.content_length
         if resp.content_type == _SSE:
             await relay_stream(send, resp, headers, sse=True, tap=stream_tap if ok else None)
-        elif length is None and buffer_unknown or length is not None and length <= _BUFFER_LIMIT:
-            await relay_buffered(send, resp, headers, tap=whole_tap if ok else None)
+        elif (length is None and (buffer_unknown or failed)
+              or length is not None and length <= _BUFFER_LIMIT):
+            secret = up.config.api_key if failed else None
+            await relay_buffered(send, resp, headers, tap=whole_tap if ok else None, redact=secret)
         else:
             await relay_stream(send, resp, headers, sse=False)
 

@@ -71,8 +71,22 @@ class SummarizerClient:
             except Exception as exc:
                 raise UpstreamError(f"summarizer answer broke off: {type(exc).__name__}") from None
             if resp.status != 200:
-                raise SummarizerError(f"summarizer got HTTP {resp.status}: {payload[:200]!r}")
+                # Status and the error's type/code only: error bodies may echo the caller's key
+                # ("Incorrect API key provided: sk-..."), and this message is logged.
+                raise SummarizerError(f"summarizer got HTTP {resp.status}{_error_code(payload)}")
         return _content(payload)
+
+
+def _error_code(payload: bytes) -> str:
+    try:
+        error = orjson.loads(payload).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return ""
+    if not isinstance(error, dict):
+        return ""
+    parts = [f"{k}={error[k]}" for k in ("type", "code")
+             if isinstance(error.get(k), str) and len(error[k]) <= 64]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _content(payload: bytes) -> str:

@@ -21,7 +21,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from ..relay import Headers, Send, read_whole, send_whole, sse_error_event
+from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from ..relay import Headers, Send, read_whole, redact_secret, send_whole, sse_error_event
 from ..session import Identity
 from ..upstream.http import Upstream, response_headers
 from .tool import ReadTool
@@ -56,8 +57,10 @@ class Rounds:
 
 
 def _split_calls(msg: dict[str, Any], name: str) -> tuple[list[Any], list[Any]]:
-    calls = msg.get("tool_calls") or []
-    ours = [c for c in calls if isinstance(c, dict) and (c.get("function") or {}).get("name") == name]
+    calls = msg.get("tool_calls")
+    calls = calls if isinstance(calls, list) else []
+    ours = [c for c in calls if isinstance(c, dict) and isinstance(c.get("function"), dict)
+            and c["function"].get("name") == name]
     theirs = [c for c in calls if c not in ours]
     return ours, theirs
 
@@ -88,6 +91,10 @@ class ReadLoop:
         self.tool = tool
         self.max_rounds = max_rounds
 
+    def _scrub(self, status: int, payload: bytes) -> bytes:
+        """An error body passes through without the proxy's own key (see routes.forward_raw)."""
+        return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
+
     async def _post(self, url: str, headers: list[tuple[str, str]], req: dict[str, Any]) -> aiohttp.ClientResponse:
         return await self.upstream.send("POST", url, headers, orjson.dumps(req))
 
@@ -106,7 +113,7 @@ class ReadLoop:
                 status = resp.status
             data = _completion(payload) if status == 200 else None
             if data is None:  # errors and odd bodies pass through as they came
-                await send_whole(send, status, out_headers + extra, payload)
+                await send_whole(send, status, out_headers + extra, self._scrub(status, payload))
                 return state
             state.add_usage(data.get("usage"))
             msg = data["choices"][0].get("message") or {}
@@ -150,29 +157,40 @@ class ReadLoop:
 
         while True:
             last = state.rounds >= self.max_rounds
-            resp = await self._post(url, headers, _request(body, messages, self.tool, last))
-            async with resp:
-                if resp.status != 200 or resp.content_type != "text/event-stream":
-                    payload = await resp.read()
+            try:
+                resp = await self._post(url, headers, _request(body, messages, self.tool, last))
+                async with resp:
+                    if resp.status != 200 or resp.content_type != "text/event-stream":
+                        payload = self._scrub(resp.status, await read_whole(resp))
+                        if not started:
+                            await send_whole(send, resp.status, response_headers(resp) + extra,
+                                             payload)
+                            return state
+                        raise UpstreamStatusError(
+                            f"upstream answered {resp.status} in a read round")
                     if not started:
-                        await send_whole(send, resp.status, response_headers(resp) + extra, payload)
-                        return state
-                    await emit(sse_error_event(f"upstream answered {resp.status} in a read round",
-                                               "upstream_error"))
-                    break
+                        await send({"type": "http.response.start", "status": 200,
+                                    "headers": response_headers(resp) + extra})
+                        started = True
+                    rnd = _Round(self.tool.name, client_index, want_usage)
+                    try:
+                        async for event in _events(resp):
+                            for out in rnd.feed(event, meta):
+                                await emit(out)
+                    except TimeoutError:
+                        raise UpstreamTimeout("upstream stream stalled") from None
+                    except aiohttp.ClientError:
+                        raise UpstreamError("upstream stream broke off",
+                                            code="upstream_stream_broken") from None
+            except ProxyError as exc:
                 if not started:
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": response_headers(resp) + extra})
-                    started = True
-                rnd = _Round(self.tool.name, client_index, want_usage)
-                try:
-                    async for event in _events(resp):
-                        for out in rnd.feed(event, meta):
-                            await emit(out)
-                except (TimeoutError, aiohttp.ClientError) as exc:
-                    log.warning("upstream stream broke off in a read round: %s", type(exc).__name__)
-                    await emit(sse_error_event("upstream stream broke off", "upstream_stream_broken"))
-                    break
+                    raise
+                # The client has its 200 (and maybe text): end the stream with an error event
+                # and no [DONE], as a stream broken mid-way ends.
+                log.warning("read round failed: %s", exc.message)
+                await emit(sse_error_event(exc.message, exc.code or "upstream_error"))
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return state
             state.add_usage(rnd.usage)
             if rnd.ours and not rnd.theirs and not last:
                 calls = rnd.our_calls()
@@ -233,12 +251,20 @@ class _Round:
             if not isinstance(choice, dict):
                 continue
             delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):  # not a delta the loop can read: as it came
+                out_choices.append(choice)
+                continue
             if isinstance(delta.get("content"), str):
                 self.text += delta["content"]
             kept = []
-            for tc in delta.get("tool_calls") or []:
-                idx = tc.get("index", 0)
-                fn = tc.get("function") or {}
+            calls = delta.get("tool_calls")
+            for tc in calls if isinstance(calls, list) else []:
+                idx = tc.get("index", 0) if isinstance(tc, dict) else None
+                if not isinstance(idx, int):
+                    kept.append(tc)  # malformed: the client's problem, passed on untouched
+                    continue
+                fn = tc.get("function")
+                fn = fn if isinstance(fn, dict) else {}
                 if idx not in self.mine:
                     self.mine[idx] = fn.get("name") == self.name
                     if self.mine[idx]:
@@ -249,7 +275,8 @@ class _Round:
                 if self.mine[idx]:
                     call = self.calls.setdefault(idx, {"id": tc.get("id"), "type": "function",
                                                         "function": {"name": self.name, "arguments": ""}})
-                    call["function"]["arguments"] += fn.get("arguments") or ""
+                    args = fn.get("arguments")
+                    call["function"]["arguments"] += args if isinstance(args, str) else ""
                     continue
                 kept.append({**tc, "index": self.client_index[idx]})
             if "tool_calls" in delta:
@@ -296,6 +323,9 @@ def _completion(payload: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
         return None
+    first = data["choices"][0]
+    if not isinstance(first, dict) or not isinstance(first.get("message") or {}, dict):
+        return None  # not a completion the loop can read: passed through as it came
     return data
 
 

@@ -89,6 +89,8 @@ class ReadTool:
 
     def run(self, identity: Identity, arguments: str) -> str:
         """The tool's result text; errors are results too (the model reads them), never a raise."""
+        if not isinstance(arguments, str):  # a malformed upstream answer
+            return "error: the arguments must be a string of JSON"
         try:
             args = orjson.loads(arguments or "{}")
         except orjson.JSONDecodeError:
