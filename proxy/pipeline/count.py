@@ -69,10 +69,7 @@ class RequestCounter:
         return self.messages(messages, model) + tools_n + REPLY_PRIMING
 
     def needs_work(self, messages: Sequence[Any], model: str) -> bool:
-        """True when some big text is not cached yet, or the model's encoding is not loaded yet
-        (either is worth moving to a worker thread)."""
-        if not self.counter.resolved(model):
-            return True
+        """True when some big text is not cached yet (worth moving to a worker thread)."""
         enc = self.counter.encoding_name(model)
         with self._lock:
             for m in messages:
@@ -90,7 +87,9 @@ class RequestCounter:
     async def request_async(
         self, messages: Sequence[Any], model: str, tools: Sequence[Mapping[str, Any]] | None
     ) -> int:
-        """Like `request`, but tokenizing megabytes happens off the event loop."""
+        """Like `request`, but loading an encoding and tokenizing megabytes happen off the
+        event loop."""
+        await self.ready(model)
         if self.needs_work(messages, model):
             return await asyncio.to_thread(self.request, messages, model, tools)
         return self.request(messages, model, tools)

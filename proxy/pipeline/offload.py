@@ -123,6 +123,10 @@ def read_calls(
     return found
 
 
+# A deferred write: (message index, result id, original text).
+_Pending = tuple[int, str, str]
+
+
 class OffloadStage:
     name = "offload"
 
@@ -220,14 +224,14 @@ class OffloadStage:
 
     def _offload(
         self, identity: Identity, text: str, budget: int, read: ReadCall | None,
-        defer: list[tuple[str, str]] | None = None,
+        defer: list[_Pending] | None = None, at: int = -1,
     ) -> tuple[str | None, bool, bool]:
         """Cut `text` to `budget` and make sure its original is saved.
 
         Returns (the cut text or None when it fits, whether a file was written now, whether
         saving failed). A file that cannot be written means no cut: degrade, never drop.
-        With `defer`, a file that must be written is appended to it as (id, text) instead;
-        the caller writes it (off the event loop) before the cut is forwarded.
+        With `defer`, a file that must be written is appended to it as (`at`, id, text)
+        instead; the caller writes it (off the event loop) before the cut is forwarded.
         """
         entry = self._entry(identity.tenant, identity.session, text)
         new = self._cut(entry, text, budget, read, identity)
@@ -237,17 +241,17 @@ class OffloadStage:
             if defer is None:
                 return new, self.store.save(identity.tenant, identity.session, entry.rid, text), False
             if self.store.needs_write(identity.tenant, identity.session, entry.rid, text):
-                defer.append((entry.rid, text))
+                defer.append((at, entry.rid, text))
                 return new, True, False
             return new, False, False
         except (OSError, ValueError) as exc:
             log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
             return None, False, True
 
-    def _write_all(self, identity: Identity, files: list[tuple[str, str]]) -> set[str]:
+    def _write_all(self, identity: Identity, files: list[_Pending]) -> set[str]:
         """Write deferred originals; returns the ids that could not be written."""
         failed: set[str] = set()
-        for rid, text in files:
+        for _, rid, text in files:
             try:
                 self.store.write(identity.tenant, identity.session, rid, text)
             except (OSError, ValueError) as exc:
@@ -281,29 +285,28 @@ class OffloadStage:
     async def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
         # New originals are written (fsynced, ms each) in a worker thread, never on the event
         # loop; a resent history only stats its files.
-        files: list[tuple[str, str]] = []
-        written: dict[int, str] = {}
+        files: list[_Pending] = []
         outcome = self.run(messages, request, aged_turns=0 if self.defer_ageing else None,
-                           defer=files, written=written)
+                           defer=files)
         if not files:
             return outcome
         failed = await asyncio.to_thread(self._write_all, request.identity, files)
         if not failed:
             return outcome
         out = list(outcome.messages)
-        undone = [i for i, rid in written.items() if rid in failed]
+        undone = {i for i, rid, _ in files if rid in failed}
         for i in undone:
             out[i] = messages[i]
         stats = dict(outcome.stats)
         stats["offloaded"] -= len(undone)
-        stats["files_written"] -= len(failed)
-        stats["offload_errors"] += len(failed)
-        changed = any(a is not b for a, b in zip(out, messages, strict=True))
+        stats["files_written"] -= len(undone)
+        stats["offload_errors"] += len(undone)
+        changed = stats["offloaded"] > 0
         return StageOutcome(out if changed else messages, changed, stats)
 
     def run(
         self, messages: list[Message], request: RequestView, *, aged_turns: int | None,
-        defer: list[tuple[str, str]] | None = None, written: dict[int, str] | None = None,
+        defer: list[_Pending] | None = None,
     ) -> StageOutcome:
         """Both stages; `aged_turns` re-cuts the results of the first that many tool-call
         turns (None: decide by the age policy)."""
@@ -344,12 +347,9 @@ class OffloadStage:
                 # again; stage 2 only rewrites the excerpt.
                 new = recut(text, budget) if aged else None
             else:
-                before = len(defer) if defer is not None else 0
-                new, wrote, failed = self._offload(request.identity, text, budget, read, defer)
+                new, wrote, failed = self._offload(request.identity, text, budget, read, defer, i)
                 files_written += wrote
                 errors += failed
-                if defer is not None and written is not None and len(defer) > before:
-                    written[i] = defer[-1][0]
             if new is not None:
                 out[i] = _with_text(m, new)
                 offloaded += 1

@@ -116,30 +116,30 @@ class Upstream:
         # them out after a few seconds) fails on first use, before any response byte: the
         # upstream never answered, so one retry on a fresh connection is safe and hides it.
         # The openai SDK itself retries such connection errors twice.
-        for attempt, session in ((1, self._session), (2, self._fresh)):
+        try:
             try:
-                return await session.request(
-                    method, url, headers=headers, data=body or None, allow_redirects=False
-                )
-            except TimeoutError:
-                raise UpstreamTimeout(
-                    f"upstream did not answer within {self.config.timeout_s:g} s"
-                ) from None
-            except aiohttp.ClientConnectorError as exc:
-                raise UpstreamError(f"upstream unreachable: {exc.os_error or exc}") from None
+                return await self._request(self._session, method, url, headers, body)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if attempt == 1:
-                    log.info("upstream dropped the connection before answering (%s); retrying "
-                             "once on a new connection", type(exc).__name__)
-                    continue
-                raise UpstreamError(
-                    f"upstream request failed: {type(exc).__name__}: {exc}"
-                ) from None
-            except aiohttp.ClientError as exc:
-                raise UpstreamError(
-                    f"upstream request failed: {type(exc).__name__}: {exc}"
-                ) from None
-        raise AssertionError("unreachable")
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise  # nothing was sent: refused, not dropped
+                log.info("upstream dropped the connection before answering (%s); retrying "
+                         "once on a new connection", type(exc).__name__)
+                return await self._request(self._fresh, method, url, headers, body)
+        except TimeoutError:
+            raise UpstreamTimeout(f"upstream did not answer within {self.config.timeout_s:g} s") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamError(f"upstream unreachable: {exc.os_error or exc}") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"upstream request failed: {type(exc).__name__}: {exc}") from None
+
+    @staticmethod
+    async def _request(
+        session: aiohttp.ClientSession, method: str, url: str, headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> aiohttp.ClientResponse:
+        return await session.request(
+            method, url, headers=headers, data=body or None, allow_redirects=False
+        )
 
 def response_headers(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
     out: list[tuple[bytes, bytes]] = []
