@@ -15,10 +15,8 @@ import argparse
 import asyncio
 import random
 import shutil
-import socket
+import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +28,7 @@ import orjson
 
 from proxy.demo import SYSTEM, script
 from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import serve_in_thread
+from proxy.testing.servers import ProxyProcess, serve_in_thread
 
 MODEL = "load-model"
 SUMMARY = ("## Goal\nKeep the service up.\n## Constraints & Preferences\n- none\n## Progress\n"
@@ -44,24 +42,6 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up")
 
 
 class Model:
@@ -136,45 +116,41 @@ def main() -> None:
     fake = FakeUpstream(responder=model, record=False)
     tmp = Path(tempfile.mkdtemp(prefix="ctxload-"))
     all_errors: list[str] = []
-    port = free_port()
     with serve_in_thread(fake) as up:
         (tmp / "config.yaml").write_text(
             f"upstream: {{base_url: '{up.url}/v1'}}\nstorage: {{data_dir: '{tmp / 'data'}'}}\n"
             f"compaction: {{context_windows: {{{MODEL}: {args.window}}}}}\n"
             + (f"server: {{cache_mb: {args.cache_mb}}}\n" if args.cache_mb else ""))
         # The proxy is its own process, as users run it: the RSS figures are the proxy's alone.
-        log = open(tmp / "proxy.log", "wb")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config",
-                                 str(tmp / "config.yaml"), "--port", str(port),
-                                 "--log-level", "info"],
-                                stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+        proxy = ProxyProcess(tmp / "config.yaml", log_path=tmp / "proxy.log",
+                             extra_args=("--log-level", "info"))
+        proxy.start()
+        pid, url = proxy.pid, proxy.url
+        assert pid is not None
         try:
-            wait_http(url + "/healthz")
             print(f"# {args.sessions} sessions x {args.turns} turns x {args.rounds} rounds, "
-                  f"window {args.window:,}; proxy pid {proc.pid}, log {tmp / 'proxy.log'}")
-            print(f"RSS MB after start-up {rss_mb(proc.pid):.0f}")
+                  f"window {args.window:,}; proxy pid {pid}, log {tmp / 'proxy.log'}")
+            print(f"RSS MB after start-up {rss_mb(pid):.0f}")
             print("round requests errors  p50 ms  p99 ms  RSS MB: peak  after")
             for r in range(args.rounds):
                 lat: list[float] = []
                 errors: list[str] = []
                 marks: list[float] = []
-                asyncio.run(drive(url, args.sessions, args.turns, lat, errors, marks, proc.pid, r))
+                asyncio.run(drive(url, args.sessions, args.turns, lat, errors, marks, pid, r))
                 time.sleep(1.5)  # one stats flush, so "after" is at rest
                 lat.sort()
                 all_errors += errors
                 p99 = lat[int(0.99 * (len(lat) - 1))] if lat else 0.0
                 print(f"{r + 1:>5} {len(lat):>8} {len(errors):>6} {statistics.median(lat):>7.0f} "
-                      f"{p99:>7.0f}  {max(marks, default=0):>11.0f} {rss_mb(proc.pid):>6.0f}")
+                      f"{p99:>7.0f}  {max(marks, default=0):>11.0f} {rss_mb(pid):>6.0f}")
             metrics = {
                 line.split()[0]: float(line.split()[1])
                 for line in httpx.get(url + "/metrics").text.splitlines()
                 if line.startswith("ctxproxy_") and "{" not in line.split()[0]
             }
         finally:
-            proc.terminate()
-            proc.wait(30)
-            log.close()
+            proxy.signal(signal.SIGTERM)
+            proxy.wait(30)
     if all_errors:
         print(f"kept {tmp} for its proxy.log")
     else:

@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 import orjson
 
+from proxy.testing.servers import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}
 LUA = """
@@ -46,14 +48,6 @@ def wait_http(url: str, timeout: float = 20) -> None:
         except httpx.HTTPError:
             time.sleep(0.05)
     raise RuntimeError(f"{url} did not come up")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-import socket
+import http.client
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -11,7 +12,7 @@ from proxy.app import create_app
 from proxy.config import Config, config_from_mapping
 from proxy.store.db import Database
 from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.testing.servers import ServerThread, free_port, serve_in_thread
 
 
 @pytest.fixture(scope="session")
@@ -36,9 +37,24 @@ def fake_url(_fake_server: tuple[FakeUpstream, ServerThread]) -> str:
 
 def closed_port() -> int:
     """A loopback port with nothing listening on it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
+
+
+def raw_get(
+    url: str, target: str, headers: dict[str, str] | None = None, method: str = "GET"
+) -> tuple[int, bytes]:
+    """A request whose target is sent byte for byte (httpx would normalise ``..``)."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    try:
+        conn.putrequest(method, target, skip_accept_encoding=True)
+        for k, v in (headers or {}).items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
 
 
 ProxyFactory = Callable[..., ServerThread]

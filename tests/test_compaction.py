@@ -75,6 +75,17 @@ def history(turns: int, words: int = 60) -> list[dict[str, Any]]:
     return msgs
 
 
+def tool_loop(request: str, turns: int, words: int) -> list[dict[str, Any]]:
+    """One user request, then `turns` agent turns of one `ls` call whose result is `words` words."""
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                  {"role": "user", "content": request}]
+    for t in range(turns):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{t}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{t}", "content": f"entry{t} " * words})
+    return msgs
+
+
 def post(srv: ServerThread, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
     body = {"model": "gpt-4o", "messages": messages, **extra}
     return httpx.post(srv.url + "/v1/chat/completions", content=orjson.dumps(body),
@@ -158,12 +169,7 @@ def test_large_turns_start_preparation_before_precompact_ratio(
     which the next turn would jump over with one turn of warning."""
     script = Script(fake, delay=0.5)
     srv = make_proxy(WINDOW)
-    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                  {"role": "user", "content": "go"}]
-    for t in range(3):
-        msgs.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"c{t}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
-        msgs.append({"role": "tool", "tool_call_id": f"c{t}", "content": f"entry{t} " * 320})
+    msgs = tool_loop("go", turns=3, words=320)
     r = post(srv, msgs)
     tokens = int(r.headers["x-ctxproxy-tokens-out"])
     assert 1500 < tokens < 2400 and r.headers["x-ctxproxy-compacted"] == "0", tokens
@@ -225,12 +231,7 @@ def test_agent_loop_keeps_only_the_newest_whole_turn_when_it_fills_the_budget(
     Script(fake)
     srv = make_proxy({**WINDOW, "compaction": {"context_windows": {"gpt-4o": 4000},
                                                "keep_recent_ratio": 0.05}})
-    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                  {"role": "user", "content": "fix the failing build in /srv/app"}]
-    for t in range(20):
-        msgs.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"c{t}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
-        msgs.append({"role": "tool", "tool_call_id": f"c{t}", "content": f"entry{t} " * 100})
+    msgs = tool_loop("fix the failing build in /srv/app", turns=20, words=100)
     r = post(srv, msgs)
     assert r.status_code == 200 and r.headers["x-ctxproxy-compacted"] == "1"
     fwd = model_calls(fake)[-1]["messages"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import http.client
 import logging
 import os
 import time
@@ -11,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -24,7 +22,7 @@ from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread, serve_in_thread
 from proxy.web.access import Hidden, ask_of, open_file, read_window
 
-from .conftest import ProxyFactory
+from .conftest import ProxyFactory, raw_get
 
 KEY_A = "sk-alpha-very-secret-0001"
 KEY_B = "sk-beta-very-secret-0002"
@@ -197,21 +195,6 @@ def corpus(
 @pytest.fixture
 def fresh(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> Corpus:
     return build(make_proxy, fake, tmp_path)
-
-
-def raw_get(url: str, target: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    """A request with the target sent byte for byte (httpx would normalise ``..``)."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
-    try:
-        conn.putrequest("GET", target, skip_accept_encoding=True)
-        for k, v in (headers or {}).items():
-            conn.putheader(k, v)
-        conn.endheaders()
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 # --- listing and tenants -----------------------------------------------------------------------

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import base64
 import hmac
-import http.client
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -40,6 +38,8 @@ from proxy.store.db import Database
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread, serve_in_thread
 from proxy.web import access
+
+from .conftest import raw_get
 
 KEY_A = "sk-iso-alpha-4f1c9e"
 KEY_B = "sk-iso-bravo-8d2a7b"
@@ -323,21 +323,6 @@ def test_listings_never_mention_another_tenant(corpus: Corpus, who: str) -> None
     for query in (f"?tenant={TB}", "?master=1", f"?tenant={TB}&format=json", "?scope="):
         r = corpus.get("/files" + query, {**headers, **JSON})
         assert r.status_code == 200 and TB not in r.text and ONLY_B not in r.text, query
-
-
-def raw_get(url: str, target: str, headers: dict[str, str], method: str = "GET") -> tuple[int, bytes]:
-    """A request whose target is sent byte for byte (httpx would normalise ``..``)."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
-    try:
-        conn.putrequest(method, target, skip_accept_encoding=True)
-        for k, v in headers.items():
-            conn.putheader(k, v)
-        conn.endheaders()
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def traversals(corpus: Corpus) -> list[str]:

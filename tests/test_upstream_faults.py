@@ -354,25 +354,29 @@ def marker() -> str:
     return "m" + uuid.uuid4().hex[:12]
 
 
+def fault(rig: Rig, route: str, mode: Mode | None = None) -> httpx.Response:
+    """One request on `route` with the upstream in `mode`; `settled` checks what it left."""
+    if mode is not None:
+        assert rig.upstream is not None
+        rig.upstream.mode = mode
+    mark = marker()
+    with settled(rig, route, mark), httpx.Client(timeout=10) as client:
+        return send(client, rig.url, route, mark)
+
+
 # --- the faults ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_connection_refused_is_a_502_envelope(refused: Rig, route: str) -> None:
-    mark = marker()
-    with settled(refused, route, mark), httpx.Client(timeout=10) as client:
-        r = send(client, refused.url, route, mark)
+    r = fault(refused, route)
     assert_envelope(r, 502, "upstream_unavailable")
     assert "unreachable" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_429_passes_through_with_retry_after(faulty: Rig, route: str) -> None:
-    assert faulty.upstream is not None
-    faulty.upstream.mode = "429"
-    mark = marker()
-    with settled(faulty, route, mark), httpx.Client(timeout=10) as client:
-        r = send(client, faulty.url, route, mark)
+    r = fault(faulty, route, "429")
     assert r.status_code == 429 and r.content == ERROR_429
     assert r.headers["retry-after"] == RETRY_AFTER
     assert r.headers["x-ratelimit-remaining-requests"] == "0"
@@ -382,11 +386,7 @@ def test_429_passes_through_with_retry_after(faulty: Rig, route: str) -> None:
 def test_reset_mid_body_is_a_502_envelope(faulty: Rig, route: str) -> None:
     """Headers and part of a non-streaming body, then a reset: nothing was sent to the client
     yet, so it gets a clean 502 (stream requests too: the upstream answered JSON)."""
-    assert faulty.upstream is not None
-    faulty.upstream.mode = "reset_body"
-    mark = marker()
-    with settled(faulty, route, mark), httpx.Client(timeout=10) as client:
-        r = send(client, faulty.url, route, mark)
+    r = fault(faulty, route, "reset_body")
     assert_envelope(r, 502, "upstream_unavailable")
     assert "broke off" in r.json()["error"]["message"]
 
@@ -395,11 +395,7 @@ def test_reset_mid_body_is_a_502_envelope(faulty: Rig, route: str) -> None:
 def test_reset_mid_stream_ends_the_stream_cleanly(faulty: Rig, route: str) -> None:
     """An SSE answer reset after two events: the client already has a 200, so its stream gets
     the events that came, then an error event, and ends (no torn chunked body, no [DONE])."""
-    assert faulty.upstream is not None
-    faulty.upstream.mode = "reset_stream"
-    mark = marker()
-    with settled(faulty, route, mark), httpx.Client(timeout=10) as client:
-        r = send(client, faulty.url, route, mark)
+    r = fault(faulty, route, "reset_stream")
     if route == "read_loop":  # the loop reads the whole answer before it answers
         assert_envelope(r, 502, "upstream_unavailable")
         return
@@ -425,11 +421,7 @@ def test_no_first_byte_within_the_timeout_is_a_504(faulty: Rig, route: str) -> N
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_body_stalling_half_way_is_a_504(faulty: Rig, route: str) -> None:
-    assert faulty.upstream is not None
-    faulty.upstream.mode = "stall_body"
-    mark = marker()
-    with settled(faulty, route, mark), httpx.Client(timeout=10) as client:
-        r = send(client, faulty.url, route, mark)
+    r = fault(faulty, route, "stall_body")
     assert_envelope(r, 504, "upstream_timeout")
 
 
@@ -553,9 +545,7 @@ def test_malformed_answers_in_the_read_loop_never_crash_it(faulty: Rig, body: by
     faulty.upstream.mode = "canned"
     faulty.upstream.canned = (b"text/event-stream" if stream else b"application/json", body)
     route = "read_loop_stream" if stream else "read_loop"
-    mark = marker()
-    with settled(faulty, route, mark), httpx.Client(timeout=10) as client:
-        r = send(client, faulty.url, route, mark)
+    r = fault(faulty, route)
     assert r.status_code == 200, r.text[:300]
     if not stream:
         assert r.content == body or orjson.loads(r.content)["choices"]

@@ -51,6 +51,8 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.testing.servers import free_port
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 VENV = HERE / ".venv"
@@ -162,14 +164,6 @@ class Procs:
     def stop_all(self) -> None:
         for p in reversed(list(self.procs)):
             self.stop(p, grace=5.0)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ready(port: int, path: str) -> bool:
