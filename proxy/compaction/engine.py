@@ -10,9 +10,10 @@ Per request, statelessly from the history plus the summary cache:
    un-summarized turns are evicted (the kept suffix fits `keep_recent_ratio x window`, split on
    turn boundaries) and merged with the previous summary in one summarizer call, shared by
    every concurrent request that needs the same compaction (single flight).
-3. Past `precompact_ratio`, the compaction the threshold will need is computed in the
-   background and kept in memory, so the request that crosses the threshold pays no
-   summarizer latency; it is persisted only when a request actually uses it.
+3. Past `precompact_ratio` (or once two turns as large as the newest would cross the
+   threshold), the compaction the threshold will need is computed in the background and kept
+   in memory (:mod:`.prepared`), so the request that crosses the threshold pays no summarizer
+   latency; it is persisted only when a request actually uses it.
 4. If even the kept suffix is over the threshold, its tool outputs are re-cut harder.
 """
 
@@ -38,12 +39,11 @@ from ..pipeline.turns import leading_system_count, split, units
 from ..store.dialog import DialogArchive
 from ..store.summaries import SummaryRecord, SummaryStore
 from .client import Complete, SummarizerClient
+from .prepared import FlightKey, Plan, PreparedCompactions
 from .summarizer import summarize, summary_message
 
 log = logging.getLogger("proxy.pipeline")
 
-# Prepared summaries hold their evicted messages until used; bound the memory they pin.
-_PREPARED_LIMIT = 64
 # Early preparation: start once this many turns as large as the largest of the newest
 # _STEP_UNITS would cross the threshold (and the context is past half of it).
 _LOOKAHEAD_TURNS = 2
@@ -56,26 +56,6 @@ class Budget:
     threshold: int
     keep: int
     pre: int
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """One compaction: replace messages[head:cut] (merging `previous`) by a summary."""
-
-    head: int
-    start: int
-    cut: int
-    cut_chain: str
-    previous: SummaryRecord | None
-
-
-FlightKey = tuple[str, str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    plan: Plan
-    task: asyncio.Task[SummaryRecord]
 
 
 class CompactStage:
@@ -106,9 +86,13 @@ class CompactStage:
         self.index = SummaryIndex(summaries)
         self._records: OrderedDict[FlightKey, SummaryRecord] = OrderedDict()
         self._flights: dict[FlightKey, asyncio.Future[SummaryRecord]] = {}
-        self._prepared: OrderedDict[FlightKey, Prepared] = OrderedDict()
+        self._prepared = PreparedCompactions()
         self.compactions = 0
-        self.precompactions = 0
+
+    @property
+    def precompactions(self) -> int:
+        """Compactions prepared in the background so far."""
+        return self._prepared.started
 
     # -- budget ------------------------------------------------------------------------------
 
@@ -249,9 +233,9 @@ class CompactStage:
         future: asyncio.Future[SummaryRecord] = loop.create_future()
         self._flights[key] = future
         try:
-            prepared = self._prepared.pop(key, None)
+            prepared = self._prepared.take(key)
             if prepared is not None:
-                record = await prepared.task
+                record = await prepared
             else:
                 record = await self._summarize(plan, request, tokens)
             # The request that makes the compaction fixes when ageing happens (`_aged`).
@@ -272,37 +256,8 @@ class CompactStage:
     def _prepare(self, plan: Plan, request: RequestView, tokens: int) -> None:
         ident = request.identity
         key = (ident.tenant, ident.session, plan.cut_chain)
-        if key in self._prepared or key in self._flights:
-            return
-        prev = plan.previous.chain if plan.previous is not None else None
-        for (tenant, session, _), prepared in self._prepared.items():
-            p = prepared.plan
-            if (tenant, session) == (ident.tenant, ident.session) and (
-                (p.previous.chain if p.previous is not None else None) == prev
-            ):
-                return  # one prepared compaction per state: the threshold request reuses it
-        task = asyncio.ensure_future(self._summarize(plan, request, tokens))
-        task.add_done_callback(_quiet)
-        self._prepared[key] = Prepared(plan, task)
-        self.precompactions += 1
-        while len(self._prepared) > _PREPARED_LIMIT:
-            _, old = self._prepared.popitem(last=False)
-            old.task.cancel()
-
-    def _prepared_plan(self, request: RequestView, rec: SummaryRecord | None, n: int) -> Plan | None:
-        """A background compaction prepared from this history's current state, if any."""
-        ident = request.identity
-        prev = rec.chain if rec is not None else None
-        for (tenant, session, chain), prepared in reversed(self._prepared.items()):
-            plan = prepared.plan
-            if (tenant, session) != (ident.tenant, ident.session) or plan.cut > n:
-                continue
-            if request.chains[plan.cut - 1] != chain:
-                continue
-            if (plan.previous.chain if plan.previous is not None else None) != prev:
-                continue
-            return plan
-        return None
+        if key not in self._prepared and key not in self._flights:
+            self._prepared.start(key, plan, lambda: self._summarize(plan, request, tokens))
 
     async def _latest(self, tenant: str, session: str, chains: Sequence[str]) -> SummaryRecord | None:
         """The newest summary this history starts with; no query when the session has none."""
@@ -343,7 +298,7 @@ class CompactStage:
         for _ in range(2):  # a prepared compaction may be one step short: then go again
             if tokens <= budget.threshold:
                 break
-            plan = self._prepared_plan(request, rec, len(messages)) or self._plan(
+            plan = self._prepared.plan_for(ident.tenant, ident.session, request.chains, rec) or self._plan(
                 messages, request, rec, head, budget.keep
             )
             if plan is None:
@@ -402,17 +357,4 @@ class CompactStage:
         return applied, tokens
 
     async def close(self) -> None:
-        tasks = [p.task for p in self._prepared.values()]
-        self._prepared.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except BaseException:
-                pass
-
-
-def _quiet(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("background pre-compaction failed: %r", task.exception())
+        await self._prepared.close()
