@@ -28,7 +28,8 @@ import orjson
 
 from proxy.demo import SYSTEM, script
 from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ProxyProcess, serve_in_thread
+from proxy.testing.process import ProxyProcess
+from proxy.testing.servers import serve_in_thread
 
 MODEL = "load-model"
 SUMMARY = ("## Goal\nKeep the service up.\n## Constraints & Preferences\n- none\n## Progress\n"

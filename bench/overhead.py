@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from proxy.testing.servers import free_port
+from proxy.testing.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}

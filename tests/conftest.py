@@ -12,7 +12,8 @@ from proxy.app import create_app
 from proxy.config import Config, config_from_mapping
 from proxy.store.db import Database
 from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.servers import ServerThread, free_port, serve_in_thread
+from proxy.testing.process import free_port
+from proxy.testing.servers import ServerThread, serve_in_thread
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ from proxy.store.dialog_read import parse_record, read_lines
 from proxy.store.summaries import SummaryStore, _markdown
 from proxy.store.tool_results import ToolResultStore, relative_path, result_id
 from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ProxyProcess
+from proxy.testing.process import ProxyProcess
 from proxy.upstream.assemble import StreamAssembler
 
 ROOT = Path(__file__).resolve().parents[1]

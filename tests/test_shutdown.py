@@ -28,7 +28,7 @@ import yaml
 from proxy.store.dialog_read import read
 from proxy.testing.fake_replies import stream_events
 from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ProxyProcess
+from proxy.testing.process import ProxyProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSION = "drain"

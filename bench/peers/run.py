@@ -51,7 +51,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.testing.servers import free_port
+from proxy.testing.process import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
