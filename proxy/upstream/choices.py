@@ -60,6 +60,9 @@ class Choice:
         self.lp_refusal: list[Any] = []
         self.has_lp = False
 
+# Delta fields accumulated as text besides `content` (each a list on Choice, same name).
+_TEXT_PARTS = ("refusal", "reasoning_content", "reasoning")
+
 
 def apply_delta(st: Choice, delta: dict[str, Any]) -> None:
     role = delta.get("role")
@@ -69,15 +72,10 @@ def apply_delta(st: Choice, delta: dict[str, Any]) -> None:
     if type(content) is str:
         st.content.append(content)
         st.saw_content = True
-    v = delta.get("refusal")
-    if type(v) is str:
-        st.refusal.append(v)
-    v = delta.get("reasoning_content")
-    if type(v) is str:
-        st.reasoning_content.append(v)
-    v = delta.get("reasoning")
-    if type(v) is str:
-        st.reasoning.append(v)
+    for part in _TEXT_PARTS:
+        v = delta.get(part)
+        if type(v) is str:
+            getattr(st, part).append(v)
     calls = delta.get("tool_calls")
     if type(calls) is list:
         for tc in calls:
@@ -132,12 +130,10 @@ def apply_tool_call(st: Choice, tc: dict[str, Any]) -> None:
 
 def apply_logprobs(st: Choice, lp: dict[str, Any]) -> None:
     st.has_lp = True
-    v = lp.get("content")
-    if type(v) is list:
-        st.lp_content.extend(v)
-    v = lp.get("refusal")
-    if type(v) is list:
-        st.lp_refusal.extend(v)
+    for name in ("content", "refusal"):
+        v = lp.get(name)
+        if type(v) is list:
+            getattr(st, f"lp_{name}").extend(v)
 
 
 def build_message(st: Choice) -> dict[str, Any]:
