@@ -35,7 +35,6 @@ line that later appends closed off, or outside damage) is logged at WARNING with
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -59,6 +58,7 @@ from proxy.store.chains import (
 )
 from proxy.store.db import Database, SessionRow, format_ts, parse_ts, utc
 from proxy.store.dialog_read import DialogLine, read, read_lines, unique
+from proxy.store.jsonl import count_newlines, line_json, write_all
 from proxy.store.paths import (
     DIALOG_DIR,
     check_name,
@@ -92,9 +92,6 @@ log = logging.getLogger("proxy.store")
 
 ARCHIVE_VERSION: Final = 1
 _DIALOG_NAME: Final = re.compile(r"\d{4}-\d{2}-\d{2}\.jsonl")
-_COUNT_CHUNK: Final = 1 << 20
-# Parts per writev call; POSIX guarantees at least 16, Linux allows 1024.
-_IOV_MAX: Final = max(16, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16))
 
 
 # --- hashing ---------------------------------------------------------------------------------
@@ -165,48 +162,6 @@ def _role(message: Any) -> str | None:
         if isinstance(role, str):
             return role
     return None
-
-
-def _line_json(obj: dict[str, Any]) -> bytes:
-    """One archive line without its terminator. Both encoders escape control characters, so
-    the only b"\n" in the file is the terminator the writer adds."""
-    try:
-        return orjson.dumps(obj)
-    except (TypeError, orjson.JSONEncodeError):
-        return json.dumps(obj, ensure_ascii=True, default=str).encode("ascii")
-
-
-def _write_all(fd: int, parts: list[bytes]) -> int:
-    """Write ``parts`` in order with as few syscalls as possible; returns the byte count.
-
-    ``writev`` instead of joining: a history carrying megabytes of tool output would otherwise
-    be copied twice more (``+ b"\n"``, ``join``) before reaching the kernel. With ``O_APPEND``
-    each writev lands as one append; more parts than IOV_MAX take several, still whole lines in
-    order. A short write (disk full, signal) finishes with plain writes of the remainder.
-    """
-    total = 0
-    for start in range(0, len(parts), _IOV_MAX):
-        chunk = parts[start : start + _IOV_MAX]
-        want = sum(len(p) for p in chunk)
-        done = os.writev(fd, chunk)
-        if done < want:
-            rest = memoryview(b"".join(chunk))[done:]
-            while rest:
-                rest = rest[os.write(fd, rest) :]
-        total += want
-    return total
-
-
-def _count_newlines(fd: int, size: int) -> int:
-    count = 0
-    offset = 0
-    while offset < size:
-        chunk = os.pread(fd, min(_COUNT_CHUNK, size - offset), offset)
-        if not chunk:
-            break
-        count += chunk.count(b"\n")
-        offset += len(chunk)
-    return count
 
 
 _SELECT_KNOWN: Final = """SELECT chain FROM messages
@@ -286,7 +241,7 @@ class DialogArchive:
             last = row[0] if row is not None else None
             branched = last is not None and new[0].parent != last
             lines = [
-                _line_json(
+                line_json(
                     {
                         "v": ARCHIVE_VERSION,
                         "ts": ts,
@@ -360,7 +315,7 @@ class DialogArchive:
                 # (torn write, restore): count once, then the counter carries on.
                 if row is not None:
                     log.info("%s: size changed outside the index, recounting lines", path)
-                count = _count_newlines(fd, size)
+                count = count_newlines(fd, size)
             prefix = b""
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 log.warning("%s: last line is torn; starting a new line after it", path)
@@ -368,7 +323,7 @@ class DialogArchive:
             parts = [prefix] if prefix else []
             for body in lines:
                 parts += (body, b"\n")
-            written = _write_all(fd, parts)
+            written = write_all(fd, parts)
             if self.fsync:
                 os.fsync(fd)
         finally:
