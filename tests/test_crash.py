@@ -668,9 +668,9 @@ def test_tool_result_is_fsynced_before_rename_and_dir_after(
         events.append(f"fsync {Path(target).name}")
         real_fsync(fd)
 
-    def replace(src: Any, dst: Any) -> None:
+    def replace(src: Any, dst: Any, **dir_fds: Any) -> None:
         events.append(f"rename {Path(dst).name}")
-        real_replace(src, dst)
+        real_replace(src, dst, **dir_fds)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)

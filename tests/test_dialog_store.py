@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.store import fs
 from proxy.store.db import SCHEMA_VERSION, Database, SchemaError
 from proxy.store.dialog import (
     DialogArchive,
@@ -28,11 +29,9 @@ from proxy.store.dialog import (
 )
 from proxy.store.paths import (
     InvalidName,
-    atomic_write,
     check_name,
     db_path,
     dialog_file,
-    safe_relative,
     session_dir,
     tool_result_file,
 )
@@ -496,20 +495,6 @@ def test_paths_accept_good_names(data_dir: Path) -> None:
             dialog_file(data_dir, "anon", "s1", bad_file)
 
 
-def test_safe_relative(tmp_path: Path) -> None:
-    base = tmp_path / "sess"
-    (base / "dialog").mkdir(parents=True)
-    assert safe_relative(base, "dialog/2026-01-02.jsonl") == base / "dialog" / "2026-01-02.jsonl"
-    for bad in ["", "/etc/passwd", "../x", "dialog/../../x", "a\\b", "dialog//x"]:
-        with pytest.raises(InvalidName):
-            safe_relative(base, bad)
-    outside = tmp_path / "secret"
-    outside.mkdir()
-    os.symlink(outside, base / "link")
-    with pytest.raises(InvalidName):
-        safe_relative(base, "link/file.txt")
-
-
 def test_symlinked_dialog_is_not_read(
     archive: DialogArchive, data_dir: Path, tmp_path: Path
 ) -> None:
@@ -524,8 +509,8 @@ def test_symlinked_dialog_is_not_read(
 
 def test_atomic_write(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b" / "file.txt"
-    atomic_write(target, b"one")
-    atomic_write(target, b"two", fsync=False)
+    fs.write_atomic(tmp_path, ("a", "b", "file.txt"), b"one")
+    fs.write_atomic(tmp_path, ("a", "b", "file.txt"), b"two", fsync=False)
     assert target.read_bytes() == b"two"
     assert os.listdir(target.parent) == ["file.txt"]  # no temp files left behind
 

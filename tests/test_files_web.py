@@ -18,9 +18,10 @@ import pytest
 from proxy.app import create_app
 from proxy.config import config_from_mapping
 from proxy.session import tenant_of
+from proxy.store.fs import Hidden, open_file
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread, serve_in_thread
-from proxy.web.access import Hidden, ask_of, open_file, read_window
+from proxy.web.access import ask_of, read_window
 
 from .conftest import ProxyFactory, raw_get
 

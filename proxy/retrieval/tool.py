@@ -14,7 +14,8 @@ from ..config import Config
 from ..pipeline.notice import parse_notice
 from ..pipeline.truncate import read_chunk
 from ..session import Identity
-from ..store.paths import DIALOG_DIR, TOOL_RESULT_DIR, session_dir
+from ..store import fs
+from ..store.paths import DIALOG_DIR, TOOL_RESULT_DIR
 from ..store.tool_results import OffloadedFileMissing, ToolResultStore
 
 _ALLOWED = re.compile(
@@ -122,13 +123,11 @@ class ReadTool:
         if path.startswith(TOOL_RESULT_DIR + "/"):
             rid = path[len(TOOL_RESULT_DIR) + 1 : -len(".txt")]
             return self.store.read(identity.tenant, identity.session, rid)
-        file = session_dir(self.data_dir, identity.tenant, identity.session) / path
-        if file.is_symlink() or file.parent.is_symlink():
-            raise OSError("symlinks are not followed")
         try:
-            return file.read_bytes().decode("utf-8", "replace")
-        except FileNotFoundError:
+            data = fs.read_bytes(self.data_dir, (identity.tenant, identity.session, *path.split("/")))
+        except fs.Hidden:
             raise OffloadedFileMissing(f"{path} does not exist in this conversation") from None
+        return data.decode("utf-8", "replace")
 
 
 def _first_text(content: Any) -> str | None:

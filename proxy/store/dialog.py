@@ -46,6 +46,7 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
+from proxy.store import fs
 from proxy.store.chains import (
     CHAIN_HEX,
     DigestCache,
@@ -57,14 +58,14 @@ from proxy.store.chains import (
     message_digest,
 )
 from proxy.store.db import Database, SessionRow, format_ts, parse_ts, utc
-from proxy.store.dialog_read import DialogLine, read, read_lines, unique
+from proxy.store.dialog_read import DialogLine, read, read_handle, read_lines, unique
 from proxy.store.jsonl import count_newlines, line_json, write_all
 from proxy.store.paths import (
     DIALOG_DIR,
     check_name,
-    dialog_dir,
     dialog_file,
     dialog_filename,
+    dialog_parts,
 )
 
 __all__ = [
@@ -203,7 +204,7 @@ class DialogArchive:
         (disk + database lock): call it from a worker thread when on the event loop.
         """
         moment = utc(now)
-        path = dialog_file(self.data_dir, tenant, session, moment.date())
+        parts = dialog_parts(tenant, session, moment.date())
         if chains is None:
             chain_list = chain_hashes(messages, self.digest_cache)
         else:
@@ -223,7 +224,7 @@ class DialogArchive:
         if not items:
             return RecordResult(0, None, None, frozen_chains, answer_chain, False)
 
-        rel = f"{DIALOG_DIR}/{path.name}"
+        rel = f"{DIALOG_DIR}/{parts[-1]}"
         ts = format_ts(moment)
         probe = orjson.dumps([it.chain for it in items]).decode()
         # Check-then-append must be atomic, or two requests resending the same history would
@@ -255,7 +256,7 @@ class DialogArchive:
                 )
                 for it in new
             ]
-            first_line = self._append(conn, tenant, session, rel, path, lines)
+            first_line = self._append(conn, tenant, session, rel, parts, lines)
             conn.executemany(
                 """INSERT OR REPLACE INTO messages
                    (tenant, session, chain, position, parent, role, file, line, ts)
@@ -295,13 +296,13 @@ class DialogArchive:
         tenant: str,
         session: str,
         rel: str,
-        path: Path,
+        parts: tuple[str, ...],
         lines: list[bytes],
     ) -> int:
-        """Append ``lines`` (JSON bodies, no terminator) as whole lines; returns the line number of the first. Caller holds the write
-        transaction, so nobody else appends to this file meanwhile."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        """Append ``lines`` (JSON bodies, no terminator) as whole lines; returns the line number
+        of the first. Caller holds the write transaction, so nobody else appends to this file
+        meanwhile."""
+        fd = fs.append_fd(self.data_dir, parts)
         try:
             size = os.fstat(fd).st_size
             row = conn.execute(
@@ -314,16 +315,18 @@ class DialogArchive:
                 # First append since this database knew the file, or it changed behind our back
                 # (torn write, restore): count once, then the counter carries on.
                 if row is not None:
-                    log.info("%s: size changed outside the index, recounting lines", path)
+                    log.info("%s/%s/%s: size changed outside the index, recounting lines",
+                             tenant, session, rel)
                 count = count_newlines(fd, size)
             prefix = b""
             if size and os.pread(fd, 1, size - 1) != b"\n":
-                log.warning("%s: last line is torn; starting a new line after it", path)
+                log.warning("%s/%s/%s: last line is torn; starting a new line after it",
+                            tenant, session, rel)
                 prefix = b"\n"
-            parts = [prefix] if prefix else []
+            chunks = [prefix] if prefix else []
             for body in lines:
-                parts += (body, b"\n")
-            written = write_all(fd, parts)
+                chunks += (body, b"\n")
+            written = write_all(fd, chunks)
             if self.fsync:
                 os.fsync(fd)
         finally:
@@ -403,16 +406,8 @@ class DialogArchive:
     def dialog_files(self, tenant: str, session: str) -> list[str]:
         """Archive file names (``YYYY-MM-DD.jsonl``) of a session, oldest first. Symlinks and
         anything not named like an archive file are ignored."""
-        directory = dialog_dir(self.data_dir, tenant, session)
-        try:
-            entries = list(os.scandir(directory))
-        except FileNotFoundError:
-            return []
-        return sorted(
-            e.name
-            for e in entries
-            if _DIALOG_NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False)
-        )
+        found = fs.list_files(self.data_dir, (tenant, session, DIALOG_DIR), ".jsonl")
+        return sorted(e.name for e in found if _DIALOG_NAME.fullmatch(e.name))
 
     def dialog_path(self, tenant: str, session: str, day: date | str) -> Path:
         """Path of one day's file; ``day`` is a date or a name like ``2026-12-02.jsonl``."""
@@ -421,10 +416,9 @@ class DialogArchive:
     def read_dialog_lines(self, tenant: str, session: str, day: date | str) -> Iterator[DialogLine]:
         """Numbered records of one day's file; a chain already seen in the file (re-written
         after a crash between append and commit) is yielded only the first time."""
-        path = self.dialog_path(tenant, session, day)
-        if path.is_symlink():
-            raise FileNotFoundError(path)
-        return unique(read_lines(path))
+        parts = dialog_parts(tenant, session, day)
+        fd, _ = fs.open_file(self.data_dir, parts)
+        return unique(read_handle(open(fd, "rb"), "/".join(parts)))  # noqa: SIM115
 
     def read_dialog(self, tenant: str, session: str, day: date | str) -> Iterator[dict[str, Any]]:
         return (entry.record for entry in self.read_dialog_lines(tenant, session, day))

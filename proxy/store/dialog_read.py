@@ -28,7 +28,8 @@ def parse_record(raw: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _iter_file(handle: BinaryIO, name: str) -> Iterator[DialogLine]:
+def read_handle(handle: BinaryIO, name: str) -> Iterator[DialogLine]:
+    """Parsed lines of an open archive file (closed when the iteration ends)."""
     with handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
@@ -45,7 +46,7 @@ def _iter_file(handle: BinaryIO, name: str) -> Iterator[DialogLine]:
 def read_lines(path: Path) -> Iterator[DialogLine]:
     """Parsed lines of one archive file with their line numbers (see module docstring for
     what is skipped). Opens eagerly, so a missing file raises here, not on first ``next``."""
-    return _iter_file(open(path, "rb"), str(path))  # noqa: SIM115 - closed by the generator
+    return read_handle(open(path, "rb"), str(path))  # noqa: SIM115 - closed by the generator
 
 
 def read(path: Path) -> Iterator[dict[str, Any]]:

@@ -20,10 +20,7 @@ directory can never collide with it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import secrets
 from datetime import date
 from pathlib import Path
 from typing import Final
@@ -34,18 +31,18 @@ __all__ = [
     "SUMMARIES_DIR",
     "TOOL_RESULT_DIR",
     "InvalidName",
-    "atomic_write",
     "check_name",
     "db_path",
     "dialog_dir",
     "dialog_file",
     "dialog_filename",
-    "safe_relative",
+    "dialog_parts",
     "session_dir",
     "summaries_dir",
     "tenant_dir",
     "tool_result_dir",
     "tool_result_file",
+    "tool_result_parts",
 ]
 
 DB_FILENAME: Final = "_index.sqlite3"
@@ -112,69 +109,16 @@ def tool_result_dir(data_dir: Path, tenant: str, session: str) -> Path:
 
 
 def tool_result_file(data_dir: Path, tenant: str, session: str, result_id: str) -> Path:
-    return tool_result_dir(data_dir, tenant, session) / (check_name(result_id, "id") + ".txt")
+    return Path(data_dir).joinpath(*tool_result_parts(tenant, session, result_id))
 
 
-def safe_relative(base: Path, relative: str) -> Path:
-    """Join a ``/``-separated relative path (from the index or a URL) onto ``base``.
-
-    Every component must be a safe name, and the resolved result must stay inside the resolved
-    ``base``: the component check stops ``..`` and absolute paths, the resolve check stops a
-    symlink planted inside the tree from pointing outside it.
-    """
-    if not relative or relative.startswith("/") or "\\" in relative or "\x00" in relative:
-        raise InvalidName(f"invalid relative path: {relative!r}")
-    parts = relative.split("/")
-    for part in parts:
-        check_name(part, "path component")
-    candidate = Path(base).joinpath(*parts)
-    root = Path(base).resolve()
-    resolved = candidate.resolve()
-    if resolved != root and root not in resolved.parents:
-        raise InvalidName(f"path escapes its directory: {relative!r}")
-    return candidate
+def tool_result_parts(tenant: str, session: str, result_id: str) -> tuple[str, str, str, str]:
+    """The components of an offloaded file below ``data_dir`` (see :mod:`proxy.store.fs`)."""
+    return (check_name(tenant, "tenant"), check_name(session, "session"), TOOL_RESULT_DIR,
+            check_name(result_id, "id") + ".txt")
 
 
-def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Write ``data`` to ``path`` so readers see either the old file or the whole new one.
-
-    The temp file lives in the same directory (``os.replace`` is only atomic within one
-    filesystem) and starts with ``.`` so no listing of valid names ever shows it. With ``fsync``
-    the data is on disk before the rename and the directory entry after it, so a crash cannot
-    leave an empty file under the final name.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if fsync:
-        _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Best effort: some filesystems (and all of Windows) refuse to open a directory for fsync.
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def dialog_parts(tenant: str, session: str, day: date | str) -> tuple[str, str, str, str]:
+    """The components of one day's archive file below ``data_dir``."""
+    return (check_name(tenant, "tenant"), check_name(session, "session"), DIALOG_DIR,
+            dialog_file(Path(), tenant, session, day).name)

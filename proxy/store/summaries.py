@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,9 +30,10 @@ from typing import Final, Literal
 
 import orjson
 
+from proxy.store import fs
 from proxy.store.db import Database, format_ts, parse_ts, utc
 from proxy.store.dialog import FileSpan, format_spans, is_chain
-from proxy.store.paths import SUMMARIES_DIR, atomic_write, check_name, summaries_dir
+from proxy.store.paths import SUMMARIES_DIR, check_name, summaries_dir
 
 __all__ = ["SUMMARY_VERSION", "SummaryRecord", "SummarySource", "SummaryStore"]
 
@@ -172,6 +172,10 @@ class SummaryStore:
     def md_path(self, rec: SummaryRecord) -> Path:
         return summaries_dir(self.data_dir, rec.tenant, rec.session) / rec.md_name
 
+    @staticmethod
+    def md_parts(rec: SummaryRecord) -> tuple[str, str, str, str]:
+        return (rec.tenant, rec.session, SUMMARIES_DIR, rec.md_name)
+
     def get(self, tenant: str, session: str, chain: str) -> SummaryRecord | None:
         with self.db.connect() as conn:
             row = conn.execute(
@@ -223,14 +227,15 @@ class SummaryStore:
                 return existing
             # The .md first: if the commit then fails the file is an orphan, never a row
             # pointing at nothing.
-            atomic_write(self.md_path(record), _markdown(record), fsync=self.fsync)
+            fs.write_atomic(self.data_dir, self.md_parts(record), _markdown(record),
+                            fsync=self.fsync)
             conn.execute(
                 f"INSERT OR REPLACE INTO summaries ({_COLUMNS}) VALUES ({_MARKS})",
                 _row(record),
             )
         if existing is not None and existing.md_name != record.md_name:
             with contextlib.suppress(OSError):
-                os.unlink(self.md_path(existing))
+                fs.unlink(self.data_dir, self.md_parts(existing))
         return record
 
     def history(self, tenant: str, session: str) -> list[SummaryRecord]:

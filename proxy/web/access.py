@@ -12,53 +12,38 @@ Format: ``?format=json|html|text`` or ``?raw=1`` win, then the ``Accept`` header
 a windowed read of a file (``?start_line=``/``?lines=``) from a client that stated no preference
 (``curl``, a model's fetch tool) gets raw text, as the offload notices promise.
 
-File access: every path is opened one component at a time from a descriptor of ``data_dir``
-(``openat`` with ``O_NOFOLLOW``), so a symlink anywhere below ``data_dir`` -- planted as the
-file, the session directory or a sub-directory -- is refused by the kernel rather than by a
-check that could race with a rename. Each component is also a validated name, so ``..``,
-separators and NUL never reach the filesystem at all.
+File access goes through :mod:`proxy.store.fs` (``openat`` one component at a time with
+``O_NOFOLLOW``), the one way anything under ``data_dir`` is opened.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import errno
 import hmac
 import os
-import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final, Literal
 
 from proxy.errors import Unauthorized
 from proxy.session import ANON, client_key, tenant_of
-from proxy.store.paths import InvalidName, check_name
 
 __all__ = [
     "REALM",
     "Ask",
     "AuthRequired",
     "Caller",
-    "Entry",
     "Fmt",
-    "Hidden",
     "Window",
     "ask_of",
     "identify",
     "iter_chunks",
-    "list_files",
-    "open_dir",
-    "open_file",
     "presented_key",
     "read_window",
 ]
 
 REALM: Final = "ctxproxy"
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# O_NONBLOCK: a FIFO planted in the tree must not hang the worker thread in open().
-_FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _CHUNK: Final = 1 << 16
 
 
@@ -66,17 +51,6 @@ class AuthRequired(Unauthorized):
     """401 that asks a browser for credentials (``WWW-Authenticate: Basic``)."""
 
     headers: Final = {"WWW-Authenticate": f'Basic realm="{REALM}", charset="UTF-8"'}
-
-
-class Hidden(FileNotFoundError):
-    """Missing, not a regular file/directory, a symlink, or an invalid name: all look alike
-    to the caller, so a refused path reveals nothing about what is there. ``absent`` says a
-    component simply does not exist (no symlink, no type mismatch): the honest case for an
-    offloaded file that expired."""
-
-    def __init__(self, name: str, *, absent: bool = False) -> None:
-        super().__init__(name)
-        self.absent = absent
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,97 +158,7 @@ def ask_of(headers: Mapping[str, str], query: Mapping[str, str], root_path: str 
     return Ask(accepted or "html", accepted is not None, params, base)
 
 
-# --- file access -----------------------------------------------------------------------------
-
-
-def _open_at(parent: int, name: str, flags: int) -> int:
-    try:
-        check_name(name)
-        return os.open(name, flags, dir_fd=parent)
-    except InvalidName:
-        raise Hidden(name) from None
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            raise Hidden(name, absent=True) from None
-        # ELOOP: a symlink (O_NOFOLLOW); ENOTDIR: a file where a directory should be.
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EACCES, errno.ENXIO):
-            raise Hidden(name) from None
-        raise
-
-
-def open_dir(data_dir: Path, parts: Sequence[str]) -> int:
-    """A descriptor of ``data_dir/parts...``; the caller closes it. ``data_dir`` itself is the
-    operator's choice and may be a symlink; nothing below it may."""
-    try:
-        fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        raise Hidden(str(data_dir)) from None
-    try:
-        for part in parts:
-            child = _open_at(fd, part, _DIR_FLAGS)
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_file(data_dir: Path, parts: Sequence[str]) -> tuple[int, os.stat_result]:
-    """A descriptor of the regular file ``data_dir/parts...`` and its stat; caller closes it.
-
-    Raises :class:`Hidden` for anything else.
-    """
-    if not parts:
-        raise Hidden("")
-    parent = open_dir(data_dir, parts[:-1])
-    try:
-        fd = _open_at(parent, parts[-1], _FILE_FLAGS)
-    finally:
-        os.close(parent)
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise Hidden(parts[-1])
-    return fd, info
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    name: str
-    size: int
-    mtime: float
-
-
-def list_files(data_dir: Path, parts: Sequence[str], suffix: str) -> list[Entry]:
-    """Regular files named ``<valid name><suffix>`` in a directory (symlinks skipped), newest
-    first; a missing directory is simply empty."""
-    try:
-        fd = open_dir(data_dir, parts)
-    except Hidden:
-        return []
-    try:
-        with os.scandir(fd) as entries:
-            found = []
-            for entry in entries:
-                if not entry.name.endswith(suffix) or not valid_name(entry.name):
-                    continue
-                if not entry.is_file(follow_symlinks=False):
-                    continue
-                info = entry.stat(follow_symlinks=False)
-                found.append(Entry(entry.name, info.st_size, info.st_mtime))
-    finally:
-        os.close(fd)
-    found.sort(key=lambda e: (-e.mtime, e.name))
-    return found
-
-
-def valid_name(name: str) -> bool:
-    try:
-        check_name(name)
-    except InvalidName:
-        return False
-    return True
+# --- file windows ------------------------------------------------------------------------------
 
 
 def iter_chunks(fd: int, size: int) -> Iterator[bytes]:

@@ -31,6 +31,7 @@ from proxy.routes import runtime_of
 from proxy.runtime import Runtime
 from proxy.store.db import SessionRow, format_ts
 from proxy.store.dialog_read import parse_record
+from proxy.store.fs import Hidden, list_files, open_dir, open_file, valid_name
 from proxy.store.tool_results import OffloadedFileMissing
 from proxy.web import render
 from proxy.web.access import (
@@ -38,16 +39,11 @@ from proxy.web.access import (
     AuthRequired,
     Caller,
     Fmt,
-    Hidden,
     Window,
     ask_of,
     identify,
     iter_chunks,
-    list_files,
-    open_dir,
-    open_file,
     read_window,
-    valid_name,
 )
 
 __all__ = ["MAX_LINES", "PAGE_BYTES", "PAGE_LINES", "PAGE_RECORDS", "FilesApp"]
