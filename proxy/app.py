@@ -27,7 +27,8 @@ from .web.routes import FilesApp
 
 log = logging.getLogger("proxy")
 
-_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+# /v1/ routes Starlette serves itself; every other /v1/ request is the passthrough's.
+_ROUTED = frozenset({("GET", "/v1/models")})
 
 
 def _json(status: int, payload: object) -> Response:
@@ -64,13 +65,25 @@ class Proxy:
     stack and regex router is a measurable share of the per-request overhead.
     """
 
-    def __init__(self, starlette: Starlette, fast: dict[tuple[str, str], Endpoint]) -> None:
+    def __init__(
+        self, starlette: Starlette, fast: dict[tuple[str, str], Endpoint], passthrough: Endpoint
+    ) -> None:
         self.starlette = starlette
         self._fast = fast
+        self._passthrough = passthrough
+
+    def _endpoint(self, scope: Scope) -> Endpoint | None:
+        path: str = scope.get("path", "")
+        endpoint = self._fast.get((scope.get("method", ""), path))
+        if endpoint is None and path.startswith("/v1/") and (scope.get("method"), path) not in _ROUTED:
+            # Every other /v1/ path, whatever it decodes to (Starlette's path pattern does not
+            # match a decoded newline): the passthrough refuses what it must not forward.
+            return self._passthrough
+        return endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self._fast.get((scope.get("method", ""), scope.get("path", "")))
-        if endpoint is None or scope["type"] != "http":
+        endpoint = self._endpoint(scope) if scope["type"] == "http" else None
+        if endpoint is None:
             await self.starlette(scope, receive, send)
             return
         started = False
@@ -116,7 +129,6 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> Acce
         Route("/metrics", MetricsPage(), methods=["GET"]),
         Route("/files", files, methods=["GET"]),
         Route("/files/{rest:path}", files, methods=["GET"]),
-        Route("/v1/{rest:path}", passthrough, methods=_METHODS),
     ]
     app = Starlette(
         routes=routes,
@@ -131,4 +143,4 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> Acce
         ("POST", "/v1/chat/completions"): chat,
         ("POST", "/chat/completions"): chat,
     }
-    return AccessLog(Proxy(app, fast), metrics)
+    return AccessLog(Proxy(app, fast, passthrough), metrics)

@@ -70,6 +70,15 @@ class UpstreamConfig(_Section):
     max_connections: int = Field(
         512, ge=1, description="Concurrent connections the pooled upstream client may open."
     )
+    keepalive_s: float = Field(
+        4,
+        gt=0,
+        description="Idle pooled connections are closed after this many seconds. Keep it below "
+        "the upstream's own idle timeout (uvicorn, vLLM: 5 s): a connection the upstream closes "
+        "while the proxy reuses it fails after the request was sent, and a POST is never "
+        "retried (it may have been billed). Raise it for providers that keep connections for "
+        "minutes (OpenAI, Anthropic) to save TLS handshakes.",
+    )
 
 
 class ModelRoute(_Section):

@@ -173,13 +173,19 @@ async def relay_stream(
     *,
     sse: bool,
     tap: Tap | None = None,
+    whole: Tap | None = None,
 ) -> None:
-    """Pass the upstream body through chunk by chunk, exactly as it arrives."""
+    """Pass the upstream body through chunk by chunk, exactly as it arrives. ``tap`` sees each
+    chunk; ``whole`` gets the complete body once it has all arrived (a JSON answer too large to
+    buffer before relaying is still archived)."""
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+    kept: list[bytes] | None = [] if whole is not None else None
     try:
         async for chunk in resp.content.iter_any():
             if tap is not None:
                 tap(chunk)
+            if kept is not None:
+                kept.append(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except (TimeoutError, aiohttp.ClientError) as exc:
         timeout = isinstance(exc, asyncio.TimeoutError)
@@ -191,6 +197,9 @@ async def relay_stream(
         await send(
             {"type": "http.response.body", "body": sse_error_event(msg, code), "more_body": True}
         )
+    else:
+        if whole is not None and kept is not None:
+            whole(b"".join(kept))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+from urllib.parse import quote, unquote
 
 import orjson
 
@@ -117,17 +118,57 @@ def ctx_headers(identity: Identity, result: PipelineResult, raw: bytes, out: byt
     ]
 
 
+_MAX_DECODES = 3  # %25 nesting the check unwraps; a path still encoded after that is refused
+
+
+def passthrough_subpath(scope: Scope, prefix: bytes = b"/v1/") -> str:
+    """The client's path below ``prefix``, still percent-encoded exactly as sent, or a 400.
+
+    The passthrough must never leave ``upstream.base_url``'s path, yet yarl (like most URL
+    libraries) resolves ``..`` and even ``%2e%2e`` on the way out. So every segment of the raw
+    path is decoded (repeatedly, for ``%252e``) and refused when it is empty, ``.`` or ``..``
+    (also as ``..;x``, which some servers treat as ``..``), or holds a slash, a backslash, NUL,
+    a control character, invalid UTF-8 (overlong ``%c0%ae``) or ``%u`` once decoded. What
+    passes is forwarded without re-encoding.
+    """
+    raw = scope.get("raw_path") or quote(scope["path"]).encode("ascii")
+    if not raw.startswith(prefix):
+        raise BadRequest("path is outside the API", code="invalid_path")
+    rest = raw[len(prefix) :].decode("latin-1")
+    for segment in rest.split("/"):
+        decoded = segment
+        for _ in range(_MAX_DECODES):
+            once = unquote(decoded, errors="surrogateescape") if "%" in decoded else decoded
+            if once == decoded:
+                break
+            decoded = once
+        else:
+            raise BadRequest("path is percent-encoded more than twice", code="invalid_path")
+        if (
+            not decoded
+            or decoded.split(";", 1)[0] in (".", "..")
+            or "%u" in decoded.lower()  # IIS-style %u002e
+            or any(c in "/\\" or ord(c) < 0x20 or c == "\x7f" or 0xD800 <= ord(c) < 0xE000
+                   for c in decoded)  # surrogates: invalid UTF-8 such as overlong %c0%ae
+        ):
+            raise BadRequest(
+                "path has an empty, '.' or '..' segment, or an encoded slash, backslash or "
+                "control character; the proxy forwards only plain paths below the API",
+                code="invalid_path",
+            )
+    return rest
+
+
 class PassThrough:
     """Every other /v1/* route: forwarded raw, answered raw."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rt = runtime_of(scope)
+        subpath = passthrough_subpath(scope)  # before reading the body: a refusal costs nothing
         raw = await read_body(scope, receive, rt.max_body)
-        path: str = scope["path"]
-        subpath = path[len("/v1/") :] if path.startswith("/v1/") else path.lstrip("/")
         work = forward_raw(rt, scope, send, scope["method"], subpath, raw, buffer_unknown=False)
         if await run_until_disconnect(receive, work):
-            log.info("client disconnected; upstream call cancelled (%s)", path)
+            log.info("client disconnected; upstream call cancelled (%s)", scope["path"])
 
 
 async def forward_raw(
@@ -171,7 +212,7 @@ async def forward_raw(
             secret = up.config.api_key if failed else None
             await relay_buffered(send, resp, headers, tap=whole_tap if ok else None, redact=secret)
         else:
-            await relay_stream(send, resp, headers, sse=False)
+            await relay_stream(send, resp, headers, sse=False, whole=whole_tap if ok else None)
 
 
 class Models:

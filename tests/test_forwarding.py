@@ -209,3 +209,22 @@ def test_tenant_never_contains_key(proxy: ServerThread, key: str | None) -> None
     r = post(proxy.url + "/v1/chat/completions", RAW_BODY, **headers)
     assert r.status_code == 200
     assert tenant_of(key) != key
+
+
+def test_an_answer_larger_than_the_relay_buffer_is_archived(
+    make_proxy: ProxyFactory, fake: FakeUpstream, data_dir: Any
+) -> None:
+    """Answers over 16 MiB are relayed as they arrive instead of buffered first; the archive
+    still gets them whole."""
+    big = "y" * (17 * 1024 * 1024)
+    fake.script(Reply(content=big))
+    srv = make_proxy()
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "write a lot"}],
+            "user": "big-answer"}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200 and len(r.content) > 16 * 1024 * 1024
+    srv.stop()  # the lifespan waits for the archive writes still running
+    [dialog] = list(data_dir.glob("anon/big-answer/dialog/*.jsonl"))
+    records = [orjson.loads(line) for line in dialog.read_bytes().splitlines()]
+    assert [r["role"] for r in records] == ["user", "assistant"]
+    assert records[1]["message"]["content"] == big

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
 from ..relay import Headers, Send, read_whole, redact_secret, send_whole, sse_error_event
@@ -95,11 +96,11 @@ class ReadLoop:
         """An error body passes through without the proxy's own key (see routes.forward_raw)."""
         return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
 
-    async def _post(self, url: str, headers: list[tuple[str, str]], req: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def _post(self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any]) -> aiohttp.ClientResponse:
         return await self.upstream.send("POST", url, headers, orjson.dumps(req))
 
     async def non_stream(
-        self, send: Send, body: dict[str, Any], url: str, headers: list[tuple[str, str]],
+        self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
     ) -> Rounds:
         state = Rounds()
@@ -138,7 +139,7 @@ class ReadLoop:
             return state
 
     async def stream(
-        self, send: Send, body: dict[str, Any], url: str, headers: list[tuple[str, str]],
+        self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
     ) -> Rounds:
         state = Rounds()

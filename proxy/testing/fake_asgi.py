@@ -80,6 +80,7 @@ async def read_request(scope: Scope, receive: Receive) -> tuple[Received, bool]:
         raw_headers=raw_headers,
         body=b"".join(chunks),
         at=time.monotonic(),
+        raw_path=(scope.get("raw_path") or b"").decode("latin-1"),
     )
     return rec, disconnected
 

@@ -136,7 +136,7 @@ class Received:
 
     ``headers``: lower-cased names; repeated headers joined with ", " (HTTP list
     semantics); ``raw_headers`` keeps them all, in order. ``query``: raw query string
-    (no "?"). ``at``: ``time.monotonic()`` on arrival. ``reply``: the Reply chosen
+    (no "?"). ``raw_path``: the path before percent-decoding. ``at``: ``time.monotonic()`` on arrival. ``reply``: the Reply chosen
     (chat requests only).
     """
 
@@ -148,6 +148,7 @@ class Received:
     body: bytes
     at: float
     reply: Reply | None = None
+    raw_path: str = ""  # the path as sent, still percent-encoded
 
     def json(self) -> Any:
         return orjson.loads(self.body)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterable
 
 import aiohttp
+from yarl import URL
 
 from ..config import UpstreamConfig
 from ..errors import UpstreamError, UpstreamTimeout
@@ -53,28 +54,19 @@ class Upstream:
         self.config = config
         self.base_url = config.base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
-        # Retries go through a session that never reuses a connection: the pool may hold more
-        # connections the upstream closed at the same moment as the one that just failed.
-        self._fresh: aiohttp.ClientSession | None = None
         self._auth = f"Bearer {config.api_key}" if config.api_key else None
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
-            limit=self.config.max_connections, ttl_dns_cache=300, keepalive_timeout=30
+            limit=self.config.max_connections, ttl_dns_cache=300,
+            keepalive_timeout=self.config.keepalive_s,
         )
         timeout = aiohttp.ClientTimeout(
             total=None,
             connect=self.config.connect_timeout_s,
             sock_read=self.config.timeout_s,
         )
-        self._session = self._open(connector, timeout)
-        self._fresh = self._open(
-            aiohttp.TCPConnector(limit=self.config.max_connections, force_close=True), timeout
-        )
-
-    @staticmethod
-    def _open(connector: aiohttp.TCPConnector, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
+        self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
             auto_decompress=True,
@@ -84,14 +76,16 @@ class Upstream:
         )
 
     async def close(self) -> None:
-        for session in (self._session, self._fresh):
-            if session is not None:
-                await session.close()
-        self._session = self._fresh = None
+        if self._session is not None:
+            await self._session.close()
+        self._session = None
 
-    def url(self, subpath: str, query: bytes = b"") -> str:
+    def url(self, subpath: str, query: bytes = b"") -> URL:
+        """``base_url/subpath?query`` taken as already encoded: yarl would otherwise normalise
+        it, resolving ``%2e%2e`` into a real ``..`` (the passthrough refuses those first, see
+        :func:`proxy.routes.passthrough_subpath`) and re-quoting what the client sent."""
         url = f"{self.base_url}/{subpath.lstrip('/')}"
-        return f"{url}?{query.decode('latin-1')}" if query else url
+        return URL(f"{url}?{query.decode('latin-1')}" if query else url, encoded=True)
 
     def request_headers(self, client: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -107,39 +101,34 @@ class Upstream:
         return out
 
     async def send(
-        self, method: str, url: str, headers: list[tuple[str, str]], body: bytes
+        self, method: str, url: URL, headers: list[tuple[str, str]], body: bytes
     ) -> aiohttp.ClientResponse:
-        """Open the request and return the response with its body unread."""
-        if self._session is None or self._fresh is None:
+        """Open the request and return the response with its body unread.
+
+        A POST is never retried: a connection that breaks after the request was written may
+        have delivered it, and the upstream may be generating (and billing) the answer. Stale
+        pooled connections are prevented instead: the pool drops idle connections after
+        ``upstream.keepalive_s``, below the idle timeout of common servers. Idempotent methods
+        (GET, HEAD, ...) get aiohttp's own single retry on a reused connection (RFC 9112 9.3.1).
+        """
+        if self._session is None:
             raise UpstreamError("upstream client is not running")
-        # A pooled keep-alive connection the upstream closed while it sat idle (servers time
-        # them out after a few seconds) fails on first use, before any response byte: the
-        # upstream never answered, so one retry on a fresh connection is safe and hides it.
-        # The openai SDK itself retries such connection errors twice.
         try:
-            try:
-                return await self._request(self._session, method, url, headers, body)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if isinstance(exc, aiohttp.ClientConnectorError):
-                    raise  # nothing was sent: refused, not dropped
-                log.info("upstream dropped the connection before answering (%s); retrying "
-                         "once on a new connection", type(exc).__name__)
-                return await self._request(self._fresh, method, url, headers, body)
+            return await self._session.request(
+                method, url, headers=headers, data=body or None, allow_redirects=False
+            )
         except TimeoutError:
             raise UpstreamTimeout(f"upstream did not answer within {self.config.timeout_s:g} s") from None
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamError(f"upstream unreachable: {exc.os_error or exc}") from None
+        except aiohttp.ServerDisconnectedError:
+            raise UpstreamError(
+                "upstream closed the connection before answering; not retried, since it may "
+                "have received the request"
+            ) from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"upstream request failed: {type(exc).__name__}: {exc}") from None
 
-    @staticmethod
-    async def _request(
-        session: aiohttp.ClientSession, method: str, url: str, headers: list[tuple[str, str]],
-        body: bytes,
-    ) -> aiohttp.ClientResponse:
-        return await session.request(
-            method, url, headers=headers, data=body or None, allow_redirects=False
-        )
 
 def response_headers(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
     out: list[tuple[bytes, bytes]] = []
