@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    MutableMapping,
+    Sequence,
+)
 from typing import Any
 
 import orjson
@@ -15,9 +22,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .access import AccessLog
+from .auth import Gate
 from .chat import ChatCompletions
 from .config import Config
-from .errors import ProxyError, envelope
+from .errors import AuthRequired, ProxyError, envelope
 from .metrics import Metrics
 from .pipeline import Stage
 from .relay import Receive, Scope, Send, send_error
@@ -66,11 +74,18 @@ class Proxy:
     """
 
     def __init__(
-        self, starlette: Starlette, fast: dict[tuple[str, str], Endpoint], passthrough: Endpoint
+        self,
+        starlette: Starlette,
+        fast: dict[tuple[str, str], Endpoint],
+        passthrough: Endpoint,
+        gate: Gate,
+        metrics: Metrics,
     ) -> None:
         self.starlette = starlette
         self._fast = fast
         self._passthrough = passthrough
+        self._gate = gate
+        self._metrics = metrics
 
     def _endpoint(self, scope: Scope) -> Endpoint | None:
         path: str = scope.get("path", "")
@@ -82,7 +97,21 @@ class Proxy:
         return endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self._endpoint(scope) if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            await self.starlette(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path.startswith("/v1/") or path == "/chat/completions":
+            # The gate, before a byte of the body is read (/files asks it itself, to answer
+            # browsers with a login prompt).
+            try:
+                caller = self._gate.caller(_key_headers(scope["headers"]))
+            except AuthRequired as exc:
+                self._metrics.auth_failures.inc()
+                await send_error(send, exc)
+                return
+            scope.setdefault("state", {})["caller"] = caller
+        endpoint = self._endpoint(scope)
         if endpoint is None:
             await self.starlette(scope, receive, send)
             return
@@ -108,16 +137,26 @@ class Proxy:
             await send_error(send, ProxyError("internal proxy error"))
 
 
+_KEY_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key"})
+
+
+def _key_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Only the headers a key may come in (the gate needs nothing else)."""
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw
+            if k.lower() in _KEY_HEADERS}
+
+
 def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> AccessLog:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
-        runtime = await open_runtime(config, stages, metrics=metrics)
+        runtime = await open_runtime(config, stages, metrics=metrics, gate=gate)
         try:
             yield {"runtime": runtime}
         finally:
             await close_runtime(runtime)
 
     metrics = Metrics()
+    gate = Gate(config.auth)
     chat = ChatCompletions()
     passthrough = PassThrough()
     files = FilesApp()
@@ -143,4 +182,4 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> Acce
         ("POST", "/v1/chat/completions"): chat,
         ("POST", "/chat/completions"): chat,
     }
-    return AccessLog(Proxy(app, fast, passthrough), metrics)
+    return AccessLog(Proxy(app, fast, passthrough, gate, metrics), metrics)

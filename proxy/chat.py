@@ -22,9 +22,10 @@ from .relay import (
     timing_of,
 )
 from .retrieval.loop import Rounds
-from .routes import ctx_headers, forward_raw, header_map, parse_chat, runtime_of
+from .routes import caller_of, ctx_headers, forward_raw, header_map, parse_chat, runtime_of
 from .runtime import Runtime
 from .session import Identity, resolve
+from .writes import Mode, Writes
 
 log = logging.getLogger("proxy.access")
 
@@ -36,16 +37,24 @@ class ChatCompletions:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rt = runtime_of(scope)
+        caller = caller_of(scope)
         raw = await read_body(scope, receive, rt.max_body)
         body = parse_chat(raw, rt.config.server.max_messages)
         headers = header_map(scope)
-        identity = resolve(headers, body)
+        identity = resolve(headers, body, tenant=caller.tenant)
         model: str = body["model"]
+        params = rt.router.match(model)
+        # The provider judges the key only when it is the client's own and goes upstream.
+        judges = not caller.gated and params is None and rt.config.upstream.api_key is None
+        writes = rt.writes.for_request(
+            identity.tenant, provider_judges=judges, limit_mb=caller.max_disk_mb
+        )
         sent = body["messages"]
         chains = chains_for(rt, sent)
-        await record_request(rt, identity, sent, chains)
+        await record_request(rt, identity, sent, chains, writes)
         view = RequestView(
-            model=model, body=body, identity=identity, chains=chains, headers=scope["headers"]
+            model=model, body=body, identity=identity, chains=chains, headers=scope["headers"],
+            writes=writes,
         )
         result = await run_pipeline(rt.stages, sent, view)
         timing_of(scope).pipeline_ms = result.elapsed_ms
@@ -56,27 +65,34 @@ class ChatCompletions:
         else:
             out = raw  # nothing changed: the upstream gets the client's bytes exactly
         extra = ctx_headers(identity, result, raw, out)
+        if writes.mode is Mode.OFF:
+            extra.append((b"x-ctxproxy-quota", b"exceeded"))
         tap = AnswerTap()
         rounds = Rounds()
-        params = rt.router.match(model)
         forwarded = result.messages if result.changed else sent
         if params is not None:
             work = self._via_litellm(rt, params, body, extra, scope, send, tap)
         elif rt.reader is not None and rt.readloop is not None and rt.reader.needed(forwarded):
             body = rt.reader.with_tool({**body, "messages": forwarded})
-            work = self._via_reads(rt, scope, send, body, extra, tap, identity, rounds)
+            work = self._via_reads(rt, scope, send, body, extra, tap, identity, rounds, writes)
         else:
             work = forward_raw(rt, scope, send, "POST", "chat/completions", out, extra=extra,
-                               stream_tap=tap.stream, whole_tap=tap.whole, buffer_unknown=True)
+                               stream_tap=tap.stream, whole_tap=tap.whole,
+                               on_status=writes.settle, before_end=writes.drain,
+                               buffer_unknown=True)
+        disconnected = False
         try:
-            if await run_until_disconnect(receive, work):
+            disconnected = await run_until_disconnect(receive, work)
+            if disconnected:
                 log.info("client disconnected; upstream call cancelled (session %s)", identity.session)
         finally:
-            record_answer_later(rt, identity, sent, chains, tap, result.stats, rounds.internal)
+            writes.finish(disconnected=disconnected)
+            record_answer_later(rt, identity, sent, chains, tap, result.stats, writes,
+                                rounds.internal)
 
     async def _via_reads(
         self, rt: Runtime, scope: Scope, send: Send, body: dict[str, Any], extra: Headers,
-        tap: AnswerTap, identity: Identity, rounds: Rounds,
+        tap: AnswerTap, identity: Identity, rounds: Rounds, writes: Writes,
     ) -> None:
         """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
         assert rt.readloop is not None
@@ -86,9 +102,11 @@ class ChatCompletions:
         headers = up.request_headers(scope["headers"])
         loop = rt.readloop
         if body.get("stream") is True:
-            done = await loop.stream(send, body, url, headers, extra, identity, tap.stream)
+            done = await loop.stream(send, body, url, headers, extra, identity, tap.stream,
+                                     on_status=writes.settle, settled=writes.drain)
         else:
-            done = await loop.non_stream(send, body, url, headers, extra, identity, tap.whole)
+            done = await loop.non_stream(send, body, url, headers, extra, identity, tap.whole,
+                                         on_status=writes.settle, settled=writes.drain)
         timing_of(scope).mark()
         rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
 

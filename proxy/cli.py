@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from .config import Config, load_config
+from .config import Config, exposure_problem, load_config
 from .errors import ConfigError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
@@ -111,14 +111,34 @@ def serve(config: Config, log_level: str) -> int:
 
 
 def gc(config: Config) -> int:
+    """Expire what is due now and report every tenant's disk use against its quota."""
+    from .store.db import Database
+    from .store.gc import collect
+    from .store.paths import db_path
     from .store.tool_results import ToolResultStore
+    from .store.usage import DiskUsage
 
-    store = ToolResultStore(config.storage.data_dir, config.storage.tool_result_ttl_days)
-    deleted = store.gc()
-    print(
-        f"deleted {deleted} offloaded file(s) older than "
-        f"{config.storage.tool_result_ttl_days:g} days from {config.storage.data_dir}"
-    )
+    storage = config.storage
+    store = ToolResultStore(storage.data_dir, storage.tool_result_ttl_days)
+    db = Database.in_dir(storage.data_dir) if db_path(storage.data_dir).exists() else None
+    try:
+        report = collect(storage.data_dir, db, store, DiskUsage(storage.data_dir),
+                         dialog_ttl_days=storage.dialog_ttl_days)
+    finally:
+        if db is not None:
+            db.close()
+    print(f"deleted {report.tool_results} offloaded file(s) older than "
+          f"{storage.tool_result_ttl_days:g} days from {storage.data_dir}")
+    if storage.dialog_ttl_days is not None:
+        print(f"deleted {report.dialog_files} dialog file(s), {report.summaries} summary(ies) "
+              f"and {report.sessions} session(s) older than {storage.dialog_ttl_days:g} days")
+    limits = {k.tenant: k.max_disk_mb for k in config.auth.keys if k.max_disk_mb is not None}
+    for tenant, used in sorted(report.usage.items()):
+        limit = limits.get(tenant, storage.max_tenant_mb)
+        over = limit is not None and used >= limit * 1024 * 1024
+        shown = "no quota" if limit is None else f"quota {limit:g} MiB"
+        print(f"tenant {tenant}: {used / (1024 * 1024):.1f} MiB ({shown})"
+              + (": OVER QUOTA, nothing new is written" if over else ""))
     return EXIT_OK
 
 
@@ -133,7 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             if args.port is not None and not 0 <= args.port <= 65535:
                 raise ConfigError("server.port: must be between 0 and 65535")
-            return serve(_with_overrides(config, args.host, args.port), args.log_level)
+            config = _with_overrides(config, args.host, args.port)
+            problem = exposure_problem(config)
+            if problem is not None:
+                raise ConfigError(problem)
+            return serve(config, args.log_level)
         if args.command == "gc":
             return gc(config)
     except ConfigError as exc:

@@ -49,6 +49,12 @@ class Unauthorized(ProxyError):
     code = "invalid_api_key"
 
 
+class AuthRequired(Unauthorized):
+    """401 that also asks a browser for credentials (``WWW-Authenticate: Basic``)."""
+
+    headers = {"WWW-Authenticate": 'Basic realm="ctxproxy", charset="UTF-8"'}
+
+
 class NotFound(ProxyError):
     status = 404
     type = "invalid_request_error"

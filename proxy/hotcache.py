@@ -44,6 +44,10 @@ class KnownChains:
             while len(self._seen) > self._limit:
                 self._seen.popitem(last=False)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
 
 class StatsBuffer:
     """Per-session counters summed in memory and written in one transaction per interval."""
@@ -108,6 +112,10 @@ class SummaryIndex:
             known = self._chains.get((tenant, session))
             if known is not None:
                 known.add(chain)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._chains.clear()
 
     @staticmethod
     def latest(known: set[str], chains: Sequence[str]) -> str | None:

@@ -57,6 +57,12 @@ class Metrics:
                                  "Tool results forwarded cut (offload notices).", registry=r)
         self.disk_errors = Counter("ctxproxy_disk_errors",
                                    "Writes that failed (offloaded files, dialog archive).", registry=r)
+        self.quota_exceeded = Counter("ctxproxy_quota_exceeded",
+                                      "Requests forwarded without writing: tenant over its disk "
+                                      "quota.", registry=r)
+        self.auth_failures = Counter("ctxproxy_auth_failures",
+                                     "Requests refused with 401 (missing or unknown key).",
+                                     registry=r)
         self._live = _Live()
         r.register(self._live)
 

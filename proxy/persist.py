@@ -11,6 +11,7 @@ from .runtime import Runtime
 from .session import Identity
 from .store.dialog import chain_hashes, chain_step
 from .upstream.assemble import StreamAssembler, message_from_completion
+from .writes import Mode, Writes
 
 log = logging.getLogger("proxy.store")
 
@@ -51,18 +52,23 @@ def chains_for(rt: Runtime, messages: Sequence[Any]) -> list[str]:
 
 
 async def record_request(
-    rt: Runtime, identity: Identity, messages: Sequence[Any], chains: Sequence[str]
+    rt: Runtime, identity: Identity, messages: Sequence[Any], chains: Sequence[str],
+    writes: Writes,
 ) -> None:
-    """Archive what the client sent before anything can go wrong upstream; never raises."""
-    if rt.archive is None or len(chains) != len(messages):
+    """Archive what the client sent before anything can go wrong upstream (or, for a key the
+    provider has not accepted yet, once it has: :mod:`proxy.writes`); never raises."""
+    archive = rt.archive
+    if archive is None or len(chains) != len(messages) or not writes.allowed:
         return
     if rt.known.all_known(identity.tenant, identity.session, chains):
         return  # a resent history: nothing new to write, no thread hop, no query
+
+    def job() -> int:
+        assert archive is not None
+        return archive.record(identity.tenant, identity.session, messages, chains=chains).bytes_written
+
     try:
-        await asyncio.to_thread(
-            rt.archive.record, identity.tenant, identity.session, messages, chains=chains
-        )
-        rt.known.add(identity.tenant, identity.session, chains)
+        await writes.write(job, lambda: rt.known.add(identity.tenant, identity.session, chains))
     except Exception as exc:
         rt.metrics.disk_errors.inc()
         log.warning("dialog archive write failed (%s); forwarding anyway", exc)
@@ -75,10 +81,13 @@ def record_answer_later(
     chains: Sequence[str],
     tap: AnswerTap,
     stats: Mapping[str, int],
+    writes: Writes,
     internal: Sequence[Any] = (),
 ) -> None:
-    """After the response: archive the answer and count the turn, off the request's path."""
-    if rt.archive is None or rt.stats is None:
+    """After the response: archive the answer and count the turn, off the request's path.
+    Only for a request whose writes are on (a key the provider rejected, or a tenant over its
+    quota, leaves no trace)."""
+    if rt.archive is None or rt.stats is None or writes.mode is not Mode.NOW:
         return
     rt.stats.add(
         identity.tenant,
@@ -98,7 +107,7 @@ def record_answer_later(
         if rt.known.all_known(identity.tenant, identity.session, (answer_chain,)):
             return
 
-    def work() -> None:
+    def record() -> int:
         if internal:
             # The proxy's own read rounds: archived (lossless) as the continuation the model saw.
             result = archive.record(
@@ -110,9 +119,14 @@ def record_answer_later(
             )
         if result.answer_chain is not None:
             rt.known.add(identity.tenant, identity.session, (result.answer_chain,))
+        return result.bytes_written
+
+    def work() -> None:
+        writes.write_sync(record)
 
     async def run() -> None:
         try:
+            await writes.drain()  # the request's own held lines first, in order
             await asyncio.to_thread(work)
         except Exception as exc:
             rt.metrics.disk_errors.inc()

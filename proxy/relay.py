@@ -127,6 +127,7 @@ def timing_of(scope: Scope) -> Timing:
 
 
 Tap = Callable[[bytes], None]
+BeforeEnd = Callable[[], Awaitable[None]]  # awaited before the last byte of an answer
 
 
 async def read_whole(resp: aiohttp.ClientResponse) -> bytes:
@@ -149,13 +150,15 @@ def redact_secret(body: bytes, secret: str | None) -> bytes:
 
 async def relay_buffered(
     send: Send, resp: aiohttp.ClientResponse, headers: Headers, tap: Tap | None = None,
-    redact: str | None = None,
+    redact: str | None = None, before_end: BeforeEnd | None = None,
 ) -> None:
     """Read the whole upstream body, then answer: a broken body still gets a clean 502.
     `redact`: a secret to take out of the body first."""
     body = redact_secret(await read_whole(resp), redact)
     if tap is not None:
         tap(body)
+    if before_end is not None:
+        await before_end()
     await send_whole(send, resp.status, headers, body)
 
 
@@ -174,6 +177,7 @@ async def relay_stream(
     sse: bool,
     tap: Tap | None = None,
     whole: Tap | None = None,
+    before_end: BeforeEnd | None = None,
 ) -> None:
     """Pass the upstream body through chunk by chunk, exactly as it arrives. ``tap`` sees each
     chunk; ``whole`` gets the complete body once it has all arrived (a JSON answer too large to
@@ -200,6 +204,8 @@ async def relay_stream(
     else:
         if whole is not None and kept is not None:
             whole(b"".join(kept))
+    if before_end is not None:
+        await before_end()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

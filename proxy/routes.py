@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import quote, unquote
 
 import orjson
 
+from .auth import Caller
 from .errors import BadRequest, ProxyError
 from .pipeline import PipelineResult
 from .relay import (
@@ -46,6 +47,14 @@ def runtime_of(scope: Scope) -> Runtime:
     if rt is None:
         raise ProxyError("proxy is not started (lifespan did not run)")
     return rt  # type: ignore[no-any-return]
+
+
+def caller_of(scope: Scope) -> Caller:
+    """Who is calling: decided by the gate (:class:`proxy.app.Proxy`) before the body is read."""
+    caller = scope.get("state", {}).get("caller")
+    if caller is None:
+        raise ProxyError("request did not pass the gate")
+    return caller  # type: ignore[no-any-return]
 
 
 def header_map(scope: Scope) -> dict[str, str]:
@@ -182,13 +191,18 @@ async def forward_raw(
     extra: Sequence[tuple[bytes, bytes]] = (),
     stream_tap: Callable[[bytes], None] | None = None,
     whole_tap: Callable[[bytes], None] | None = None,
+    on_status: Callable[[int], Awaitable[None]] | None = None,
+    before_end: Callable[[], Awaitable[None]] | None = None,
     buffer_unknown: bool,
 ) -> None:
     """Send the request upstream as bytes and relay the answer as bytes.
 
     SSE streams pass chunk by chunk; other bodies are buffered (a break then still gets a clean
     502) unless they are large or, with `buffer_unknown` off and a success, of unknown length.
-    Taps see only successful answers. An error body is the provider's and passes through, but
+    Taps see only successful answers. ``on_status`` runs once the status is known, before any
+    of the body is relayed, and ``before_end`` before its last byte (held writes,
+    :mod:`proxy.writes`). An error body is the provider's
+    and passes through, but
     the proxy's own `upstream.api_key`, should the provider echo it, is redacted: the client
     never had it.
     """
@@ -201,18 +215,23 @@ async def forward_raw(
     )
     timing.mark()
     async with resp:
+        if on_status is not None:
+            await on_status(resp.status)
         headers = [*response_headers(resp), *extra]
         ok = resp.status == 200
         failed = resp.status >= 400
         length = resp.content_length
         if resp.content_type == _SSE:
-            await relay_stream(send, resp, headers, sse=True, tap=stream_tap if ok else None)
+            await relay_stream(send, resp, headers, sse=True, tap=stream_tap if ok else None,
+                               before_end=before_end)
         elif (length is None and (buffer_unknown or failed)
               or length is not None and length <= _BUFFER_LIMIT):
             secret = up.config.api_key if failed else None
-            await relay_buffered(send, resp, headers, tap=whole_tap if ok else None, redact=secret)
+            await relay_buffered(send, resp, headers, tap=whole_tap if ok else None, redact=secret,
+                                 before_end=before_end)
         else:
-            await relay_stream(send, resp, headers, sse=False, whole=whole_tap if ok else None)
+            await relay_stream(send, resp, headers, sse=False, whole=whole_tap if ok else None,
+                               before_end=before_end)
 
 
 class Models:

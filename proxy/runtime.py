@@ -8,6 +8,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .auth import Gate
 from .compaction.client import SummarizerClient
 from .compaction.engine import CompactStage
 from .config import Config
@@ -23,11 +24,14 @@ from .retrieval.loop import ReadLoop
 from .retrieval.tool import ReadTool
 from .store.db import Database
 from .store.dialog import DialogArchive, DigestCache
+from .store.gc import collect
 from .store.summaries import SummaryStore
 from .store.tool_results import ToolResultStore
+from .store.usage import DiskUsage
 from .tokenizer_data import ensure_tiktoken_offline
 from .upstream.http import Upstream
 from .upstream.litellm_route import LitellmRouter
+from .writes import WritePolicy
 
 log = logging.getLogger("proxy")
 
@@ -37,6 +41,9 @@ GC_INTERVAL_S = 3600.0
 @dataclass(slots=True)
 class Runtime:
     config: Config
+    gate: Gate
+    writes: WritePolicy
+    usage: DiskUsage
     upstream: Upstream
     router: LitellmRouter
     stages: Sequence[Stage]
@@ -69,11 +76,20 @@ class Runtime:
             log.warning("background task failed: %r", task.exception())
 
 
-async def _gc_loop(store: ToolResultStore, interval: float) -> None:
-    """Delete expired offloaded files at start-up and then periodically, off the event loop."""
+async def _gc_loop(rt: Runtime, interval: float) -> None:
+    """Expire files and measure each tenant's disk at start-up and then periodically, off the
+    event loop (:mod:`proxy.store.gc`)."""
     while True:
         try:
-            await asyncio.to_thread(store.gc)
+            report = await asyncio.to_thread(
+                collect, rt.config.storage.data_dir, rt.db, rt.tool_results, rt.usage,
+                dialog_ttl_days=rt.config.storage.dialog_ttl_days,
+            )
+            if report.expired:
+                # Forget what the in-memory shortcuts say was archived: it may be gone now.
+                rt.known.clear()
+                if rt.compact is not None:
+                    rt.compact.forget()
         except Exception:
             log.exception("periodic gc failed")
         await asyncio.sleep(interval)
@@ -89,9 +105,15 @@ def _open_db(config: Config) -> Database | None:
 
 
 async def open_runtime(
-    config: Config, stages: Sequence[Stage] | None = None, *, metrics: Metrics | None = None
+    config: Config,
+    stages: Sequence[Stage] | None = None,
+    *,
+    metrics: Metrics | None = None,
+    gate: Gate | None = None,
 ) -> Runtime:
-    upstream = Upstream(config.upstream)
+    gate = gate if gate is not None else Gate(config.auth)
+    metrics = metrics or Metrics()
+    upstream = Upstream(config.upstream, forward_client_key=not gate.closed)
     await upstream.start()
     router = LitellmRouter(
         [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
@@ -100,10 +122,13 @@ async def open_runtime(
     ensure_tiktoken_offline()
     cache = config.server.cache_mb * 1024 * 1024
     counter = RequestCounter(TokenCounter(), cache_chars=cache * 2 // 5)
+    usage = DiskUsage(config.storage.data_dir)
     rt = Runtime(
-        config=config, upstream=upstream, router=router, stages=(),
+        config=config, gate=gate, usage=usage,
+        writes=WritePolicy(config.storage.data_dir, usage, config.storage.max_tenant_mb, metrics),
+        upstream=upstream, router=router, stages=(),
         max_body=int(config.server.max_body_mb * 1024 * 1024),
-        tool_results=tool_results, counter=counter, metrics=metrics or Metrics(),
+        tool_results=tool_results, counter=counter, metrics=metrics,
     )
     db = await asyncio.to_thread(_open_db, config)
     offload = OffloadStage(
@@ -141,7 +166,7 @@ async def open_runtime(
     if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
         rt.reader = ReadTool(config, tool_results)
         rt.readloop = ReadLoop(upstream, rt.reader, config.retrieval.max_rounds)
-    rt.gc_task = asyncio.create_task(_gc_loop(tool_results, GC_INTERVAL_S))
+    rt.gc_task = asyncio.create_task(_gc_loop(rt, GC_INTERVAL_S))
     return rt
 
 
@@ -184,6 +209,7 @@ async def close_runtime(rt: Runtime) -> None:
     pending = [t for t in rt.tasks if not t.done()]
     if pending:
         await asyncio.wait(pending, timeout=10)
+    await rt.writes.close()
     await rt.upstream.close()
     if rt.db is not None:
         rt.db.close()

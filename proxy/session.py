@@ -76,9 +76,14 @@ def derived_session(tenant: str, messages: list[Any]) -> str:
     return "s-" + hashlib.sha256(seed).hexdigest()[:20]
 
 
-def resolve(headers: Mapping[str, str], body: Mapping[str, Any]) -> Identity:
+def resolve(
+    headers: Mapping[str, str], body: Mapping[str, Any], *, tenant: str | None = None
+) -> Identity:
+    """The request's tenant (``tenant``, as the gate decided; else from the client's key) and
+    session."""
     key = client_key(headers)
-    tenant = tenant_of(key)
+    if tenant is None:
+        tenant = tenant_of(key)
     for name in SESSION_HEADERS:
         value = headers.get(name)
         if value:

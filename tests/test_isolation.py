@@ -20,6 +20,7 @@ files.)
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import time
 from collections.abc import Iterator
@@ -32,12 +33,12 @@ import orjson
 import pytest
 
 from proxy.app import create_app
+from proxy.auth import Gate
 from proxy.config import config_from_mapping
 from proxy.session import tenant_of
 from proxy.store.db import Database
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread, serve_in_thread
-from proxy.web import access
 
 from .conftest import raw_get
 
@@ -551,8 +552,9 @@ def test_health_and_metrics_are_open_and_carry_no_names(guarded: Corpus) -> None
 def test_master_key_is_compared_in_constant_time(
     guarded: Corpus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The decision is hmac.compare_digest's alone: with it forced to False the real master key
-    is just a tenant, with it forced to True any key is master (so no `==` decides first)."""
+    """The decision is hmac.compare_digest's alone, over SHA-256 digests (only those are kept):
+    with it forced to False the real master key is just a tenant, with it forced to True any
+    key is master (so no `==` decides first)."""
     seen: list[tuple[bytes, bytes]] = []
     verdict: dict[str, bool | None] = {"force": None}
     real = hmac.compare_digest
@@ -562,15 +564,17 @@ def test_master_key_is_compared_in_constant_time(
         force = verdict["force"]
         return real(a, b) if force is None else force
 
-    monkeypatch.setattr(hmac, "compare_digest", spy)  # the module proxy.web.access calls
-    assert access.identify(bearer(MASTER), MASTER).master
-    assert seen == [(MASTER.encode(), MASTER.encode())]
+    monkeypatch.setattr(hmac, "compare_digest", spy)  # the module proxy.auth calls
+    digest = hashlib.sha256(MASTER.encode()).digest()
+    gate = Gate(config_from_mapping({"auth": {"master_key": MASTER}}).auth)
+    assert gate.caller(bearer(MASTER), files=True).master
+    assert seen == [(digest, digest)]
     verdict["force"] = False
-    assert not access.identify(bearer(MASTER), MASTER).master
+    assert not gate.caller(bearer(MASTER), files=True).master
     verdict["force"] = True
-    assert access.identify(bearer("sk-anything"), MASTER).master
+    assert gate.caller(bearer("sk-anything"), files=True).master
     # ... and a real request goes through it too.
     verdict["force"] = None
     seen.clear()
     r = guarded.get("/files", {**basic(MASTER), **JSON})
-    assert r.json()["master"] is True and (MASTER.encode(), MASTER.encode()) in seen
+    assert r.json()["master"] is True and (digest, digest) in seen

@@ -291,9 +291,9 @@ def test_new_originals_are_written_off_the_event_loop(
     threads: list[str] = []
     real_write = store.write
 
-    def recording(*args: Any) -> None:
+    def recording(*args: Any) -> int:
         threads.append(threading.current_thread().name)
-        real_write(*args)
+        return real_write(*args)
 
     monkeypatch.setattr(store, "write", recording)
     msgs = [{"role": "user", "content": "go"}, *turn("c1", "bash", log_text(2000)),

@@ -35,6 +35,12 @@ class SummarizerClient:
         self.calls = 0
         self.failures = 0
 
+    def judges_key(self, request_model: str) -> bool:
+        """Whether a summarizer answer for this model came with the client's own key (its
+        success then proves the provider accepts that key): no route, no upstream.api_key."""
+        model = self.model or request_model
+        return self.router.match(model) is None and self.upstream.config.api_key is None
+
     def completer(self, request_model: str, headers: Sequence[tuple[bytes, bytes]]) -> Complete:
         model = self.model or request_model
         # Keep only what authenticates the caller: the summarizer call is the proxy's own.

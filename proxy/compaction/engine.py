@@ -37,7 +37,8 @@ from ..pipeline.count import RequestCounter
 from ..pipeline.offload import OffloadStage
 from ..pipeline.turns import leading_system_count, split, units
 from ..store.dialog import DialogArchive
-from ..store.summaries import SummaryRecord, SummaryStore
+from ..store.summaries import SummaryRecord, SummaryStore, markdown_size
+from ..writes import Mode, Writes
 from .client import Complete, SummarizerClient
 from .prepared import FlightKey, Plan, PreparedCompactions
 from .summarizer import summarize, summary_message
@@ -240,9 +241,8 @@ class CompactStage:
                 record = await self._summarize(plan, request, tokens)
             # The request that makes the compaction fixes when ageing happens (`_aged`).
             record = dataclasses.replace(record, seen=len(request.chains))
-            stored = await asyncio.to_thread(self.summaries.put, record)
-            self.index.add(stored.tenant, stored.session, stored.chain)
-            self._records[(stored.tenant, stored.session, stored.chain)] = stored
+            record = await self._proven(record, plan, request)
+            stored = await self._store(record, request.writes)
             self.compactions += 1
             future.set_result(stored)
             return stored
@@ -252,6 +252,43 @@ class CompactStage:
             raise
         finally:
             self._flights.pop(key, None)
+
+    async def _proven(self, record: SummaryRecord, plan: Plan, request: RequestView) -> SummaryRecord:
+        """A summary the model wrote with the client's own key proves the provider accepts
+        that key: a new key's held writes (the archive first) are released now, and the
+        summary points into the archive as for any other key."""
+        writes = request.writes
+        if (writes is None or writes.mode is not Mode.HELD or record.source != "model"
+                or not self.client.judges_key(request.model)):
+            return record
+        await writes.settle(200)
+        await writes.drain()
+        ident = request.identity
+        spans = await asyncio.to_thread(
+            self.archive.span, ident.tenant, ident.session, list(request.chains[plan.head : plan.cut])
+        )
+        return dataclasses.replace(record, span=tuple(spans))
+
+    async def _store(self, record: SummaryRecord, writes: Writes | None) -> SummaryRecord:
+        """Persist ``record`` as the request may (:mod:`proxy.writes`) and remember it. Over
+        quota it is only remembered (in memory, so later requests reuse it without another
+        summarizer call); for a key not accepted yet it is remembered once the write is done."""
+        def remember(rec: SummaryRecord) -> None:
+            self.index.add(rec.tenant, rec.session, rec.chain)
+            self._records[(rec.tenant, rec.session, rec.chain)] = rec
+
+        if writes is None or writes.mode is Mode.NOW:
+            stored = await asyncio.to_thread(self.summaries.put, record)
+            if writes is not None:
+                writes.count(markdown_size(stored))
+            remember(stored)
+            return stored
+        if writes.allowed:
+            await writes.write(lambda: (self.summaries.put(record), markdown_size(record))[1],
+                               lambda: remember(record))
+        else:
+            remember(record)
+        return record
 
     def _prepare(self, plan: Plan, request: RequestView, tokens: int) -> None:
         ident = request.identity
@@ -355,6 +392,11 @@ class CompactStage:
                 tokens, budget.threshold,
             )
         return applied, tokens
+
+    def forget(self) -> None:
+        """Drop the in-memory summary shortcuts (summaries may have expired on disk)."""
+        self.index.clear()
+        self._records.clear()
 
     async def close(self) -> None:
         await self._prepared.close()

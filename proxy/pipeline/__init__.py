@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..session import Identity
+from ..writes import Writes
 
 log = logging.getLogger("proxy.pipeline")
 
@@ -31,6 +32,7 @@ class RequestView:
     identity: Identity
     chains: Sequence[str] = ()  # chain hash per original message (see store.dialog)
     headers: Sequence[tuple[bytes, bytes]] = ()  # the client's, for calls made on its behalf
+    writes: Writes | None = None  # what the request may write (None: everything, now)
 
 
 @dataclass(frozen=True, slots=True)

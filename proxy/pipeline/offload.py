@@ -22,6 +22,7 @@ import orjson
 from ..config import OffloadConfig, ReadTool, RetrievalConfig
 from ..session import Identity
 from ..store.tool_results import ToolResultStore, relative_path, result_id
+from ..writes import Mode, Writes
 from . import Message, RequestView, StageOutcome, ageing
 from .notice import parse_notice
 from .truncate import recut, truncate
@@ -248,16 +249,50 @@ class OffloadStage:
             log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
             return None, False, True
 
-    def _write_all(self, identity: Identity, files: list[_Pending]) -> set[str]:
-        """Write deferred originals; returns the ids that could not be written."""
+    async def _stage(
+        self, identity: Identity, files: list[_Pending], writes: Writes, failed: set[str]
+    ) -> None:
+        """A key the provider has not accepted yet: its originals are written durably where no
+        tenant owns them, moved into place once the provider accepts the key and deleted when
+        it rejects it (:mod:`proxy.writes`)."""
+        store = self.store
+
+        def stage() -> list[tuple[str, str, int]]:
+            staged = []
+            for _, rid, text in files:
+                try:
+                    staged.append((rid, *store.stage(rid, text)))
+                except (OSError, ValueError) as exc:
+                    log.warning("offload: cannot save tool result (%s); forwarding uncut",
+                                _why(exc))
+                    failed.add(rid)
+            return staged
+
+        staged = await asyncio.to_thread(stage)
+
+        def promote() -> int:
+            for rid, token, _ in staged:
+                store.promote(identity.tenant, identity.session, rid, token)
+            return sum(size for _, _, size in staged)
+
+        def discard() -> None:
+            for _, token, _ in staged:
+                store.discard(token)
+
+        if staged:
+            await writes.write(promote, undo=discard)
+
+    def _write_all(self, identity: Identity, files: list[_Pending]) -> tuple[int, set[str]]:
+        """Write deferred originals; returns the bytes written and the ids that could not be."""
         failed: set[str] = set()
+        written = 0
         for _, rid, text in files:
             try:
-                self.store.write(identity.tenant, identity.session, rid, text)
+                written += self.store.write(identity.tenant, identity.session, rid, text)
             except (OSError, ValueError) as exc:
                 log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
                 failed.add(rid)
-        return failed
+        return written, failed
 
     def harder(self, messages: list[Message], identity: Identity, budget: int) -> list[Message]:
         """The last resort when even the newest turn is over budget: cut every tool result
@@ -290,7 +325,25 @@ class OffloadStage:
                            defer=files)
         if not files:
             return outcome
-        failed = await asyncio.to_thread(self._write_all, request.identity, files)
+        failed: set[str] = set()
+
+        def job() -> int:
+            written, bad = self._write_all(request.identity, files)
+            failed.update(bad)
+            return written
+
+        writes = request.writes
+        # A cut is forwarded only once its original is on disk. A tenant over quota writes
+        # nothing: its new results go uncut (those already saved stay cut).
+        refused = writes is not None and writes.mode is Mode.OFF
+        if refused:
+            failed = {rid for _, rid, _ in files}
+        elif writes is None:
+            await asyncio.to_thread(job)
+        elif writes.mode is Mode.HELD:
+            await self._stage(request.identity, files, writes, failed)
+        else:
+            await writes.write(job)
         if not failed:
             return outcome
         out = list(outcome.messages)
@@ -300,7 +353,8 @@ class OffloadStage:
         stats = dict(outcome.stats)
         stats["offloaded"] -= len(undone)
         stats["files_written"] -= len(undone)
-        stats["offload_errors"] += len(undone)
+        if not refused:
+            stats["offload_errors"] += len(undone)
         changed = stats["offloaded"] > 0
         return StageOutcome(out if changed else messages, changed, stats)
 

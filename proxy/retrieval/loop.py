@@ -14,7 +14,7 @@ the client could neither run them nor continue with a half-answered turn.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,10 @@ from .tool import ReadTool
 log = logging.getLogger("proxy.upstream")
 
 _DONE = b"data: [DONE]\n\n"
+# Told each upstream status (held writes settle on the first, proxy.writes).
+OnStatus = Callable[[int], Awaitable[None]] | None
+# Awaited before the read tool runs: the files it reads may still be being written.
+Settled = Callable[[], Awaitable[None]] | None
 
 
 @dataclass
@@ -96,18 +100,24 @@ class ReadLoop:
         """An error body passes through without the proxy's own key (see routes.forward_raw)."""
         return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
 
-    async def _post(self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any]) -> aiohttp.ClientResponse:
-        return await self.upstream.send("POST", url, headers, orjson.dumps(req))
+    async def _post(
+        self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any], on_status: OnStatus
+    ) -> aiohttp.ClientResponse:
+        resp = await self.upstream.send("POST", url, headers, orjson.dumps(req))
+        if on_status is not None:
+            await on_status(resp.status)
+        return resp
 
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+        on_status: OnStatus = None, settled: Settled = None,
     ) -> Rounds:
         state = Rounds()
         messages = list(body["messages"])
         while True:
             last = state.rounds >= self.max_rounds
-            resp = await self._post(url, headers, _request(body, messages, self.tool, last))
+            resp = await self._post(url, headers, _request(body, messages, self.tool, last), on_status)
             async with resp:
                 payload = await read_whole(resp)
                 out_headers = response_headers(resp)
@@ -120,6 +130,8 @@ class ReadLoop:
             msg = data["choices"][0].get("message") or {}
             ours, theirs = _split_calls(msg, self.tool.name)
             if ours and not theirs and not last:
+                if settled is not None:
+                    await settled()
                 results = _results(self.tool, identity, ours)
                 messages += [msg, *results]
                 state.internal += [msg, *results]
@@ -141,6 +153,7 @@ class ReadLoop:
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+        on_status: OnStatus = None, settled: Settled = None,
     ) -> Rounds:
         state = Rounds()
         raw_options = body.get("stream_options")
@@ -159,7 +172,7 @@ class ReadLoop:
         while True:
             last = state.rounds >= self.max_rounds
             try:
-                resp = await self._post(url, headers, _request(body, messages, self.tool, last))
+                resp = await self._post(url, headers, _request(body, messages, self.tool, last), on_status)
                 async with resp:
                     if resp.status != 200 or resp.content_type != "text/event-stream":
                         payload = self._scrub(resp.status, await read_whole(resp))
@@ -196,6 +209,8 @@ class ReadLoop:
             if rnd.ours and not rnd.theirs and not last:
                 calls = rnd.our_calls()
                 msg = {"role": "assistant", "content": rnd.text or None, "tool_calls": calls}
+                if settled is not None:
+                    await settled()
                 results = _results(self.tool, identity, calls)
                 messages += [msg, *results]
                 state.internal += [msg, *results]

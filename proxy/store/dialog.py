@@ -128,6 +128,7 @@ class RecordResult:
     chains: tuple[str, ...]  # chains of the messages (not including the answer)
     answer_chain: str | None
     branched: bool  # the new messages do not continue the session's newest archived one
+    bytes_written: int = 0  # appended to the archive file by this call
 
     @property
     def last_chain(self) -> str | None:
@@ -256,7 +257,7 @@ class DialogArchive:
                 )
                 for it in new
             ]
-            first_line = self._append(conn, tenant, session, rel, parts, lines)
+            first_line, appended = self._append(conn, tenant, session, rel, parts, lines)
             conn.executemany(
                 """INSERT OR REPLACE INTO messages
                    (tenant, session, chain, position, parent, role, file, line, ts)
@@ -288,6 +289,7 @@ class DialogArchive:
             chains=frozen_chains,
             answer_chain=answer_chain,
             branched=branched,
+            bytes_written=appended,
         )
 
     def _append(
@@ -298,10 +300,10 @@ class DialogArchive:
         rel: str,
         parts: tuple[str, ...],
         lines: list[bytes],
-    ) -> int:
+    ) -> tuple[int, int]:
         """Append ``lines`` (JSON bodies, no terminator) as whole lines; returns the line number
-        of the first. Caller holds the write transaction, so nobody else appends to this file
-        meanwhile."""
+        of the first and the bytes written. Caller holds the write transaction, so nobody else
+        appends to this file meanwhile."""
         fd = fs.append_fd(self.data_dir, parts)
         try:
             size = os.fstat(fd).st_size
@@ -339,7 +341,7 @@ class DialogArchive:
                    lines = excluded.lines, size = excluded.size""",
             (tenant, session, rel, count + len(lines), size + written),
         )
-        return count + 1
+        return count + 1, written
 
     # --- index queries ------------------------------------------------------------------
 

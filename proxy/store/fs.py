@@ -32,7 +32,9 @@ __all__ = [
     "append_fd",
     "list_files",
     "lstat",
+    "move",
     "open_dir",
+    "remove_tree",
     "open_file",
     "read_bytes",
     "subdirs",
@@ -211,6 +213,49 @@ def write_atomic(root: Path, parts: Sequence[str], data: bytes, *, fsync: bool =
     finally:
         os.close(parent)
     return len(data)
+
+
+def move(
+    src_root: Path, src: Sequence[str], dst_root: Path, dst: Sequence[str], *, fsync: bool = True
+) -> None:
+    """Rename ``src_root/src...`` to ``dst_root/dst...`` (replacing what has that name), both
+    walked without following symlinks; the two roots must be on one filesystem. With ``fsync``
+    the new entry is made durable."""
+    sparent = open_dir(src_root, src[:-1])
+    try:
+        dparent = open_dir(dst_root, dst[:-1], create=True, durable=fsync)
+        try:
+            os.replace(check_name(src[-1]), check_name(dst[-1]),
+                       src_dir_fd=sparent, dst_dir_fd=dparent)
+            if fsync:
+                _fsync_fd(dparent)
+        finally:
+            os.close(dparent)
+    finally:
+        os.close(sparent)
+
+
+def remove_tree(root: Path, parts: Sequence[str]) -> None:
+    """Delete a directory and the regular files in it (one level; symlinks removed, never
+    followed); missing is fine."""
+    try:
+        fd = open_dir(root, parts)
+    except Hidden:
+        return
+    try:
+        for name in os.listdir(fd):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    parent = open_dir(root, parts[:-1]) if parts else None
+    if parent is None:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.rmdir(parts[-1], dir_fd=parent)
+    finally:
+        os.close(parent)
 
 
 def append_fd(root: Path, parts: Sequence[str]) -> int:

@@ -4,6 +4,7 @@ Layout::
 
     data_dir/
         _index.sqlite3                      the one database (+ -wal / -shm); see proxy.store.db
+        _staging/<token>/<id>.txt           originals waiting for the provider to accept a key
         <tenant>/<session>/
             tool_result/<id>.txt            offloaded tool output
             dialog/YYYY-MM-DD.jsonl         dialog archive (proxy.store.dialog)
@@ -28,6 +29,7 @@ from typing import Final
 __all__ = [
     "DB_FILENAME",
     "DIALOG_DIR",
+    "STAGING_DIR",
     "SUMMARIES_DIR",
     "TOOL_RESULT_DIR",
     "InvalidName",
@@ -46,6 +48,7 @@ __all__ = [
 ]
 
 DB_FILENAME: Final = "_index.sqlite3"
+STAGING_DIR: Final = "_staging"  # originals of keys the provider has not accepted yet
 DIALOG_DIR: Final = "dialog"
 SUMMARIES_DIR: Final = "summaries"
 TOOL_RESULT_DIR: Final = "tool_result"

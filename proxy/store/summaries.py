@@ -35,7 +35,7 @@ from proxy.store.db import Database, format_ts, parse_ts, utc
 from proxy.store.dialog import FileSpan, format_spans, is_chain
 from proxy.store.paths import SUMMARIES_DIR, check_name, summaries_dir
 
-__all__ = ["SUMMARY_VERSION", "SummaryRecord", "SummarySource", "SummaryStore"]
+__all__ = ["SUMMARY_VERSION", "SummaryRecord", "SummarySource", "SummaryStore", "markdown_size"]
 
 log = logging.getLogger("proxy.store")
 
@@ -110,6 +110,11 @@ def _markdown(rec: SummaryRecord) -> bytes:
         "",
     ]
     return "\n".join(lines).encode("utf-8", "surrogatepass")
+
+
+def markdown_size(rec: SummaryRecord) -> int:
+    """Bytes of the ``.md`` copy of ``rec`` (what it costs the tenant's disk quota)."""
+    return len(_markdown(rec))
 
 
 _COLUMNS: Final = (

@@ -16,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import secrets
 import stat
 import time
 from pathlib import Path
 
 from . import fs
-from .paths import TOOL_RESULT_DIR, check_name, tool_result_file, tool_result_parts
+from .paths import STAGING_DIR, TOOL_RESULT_DIR, check_name, tool_result_file, tool_result_parts
 
 log = logging.getLogger("proxy.store")
 
@@ -108,6 +109,30 @@ class ToolResultStore:
             self.data_dir, tool_result_parts(tenant, session, rid), data, fsync=self.fsync
         )
 
+    # -- staging: originals of a key the provider has not judged yet (proxy.writes) ----------
+
+    @property
+    def staging(self) -> Path:
+        """Where staged originals wait: outside every tenant (no tenant name starts with _)."""
+        return self.data_dir / STAGING_DIR
+
+    def stage(self, rid: str, content: str) -> tuple[str, int]:
+        """Write an original that no tenant owns yet, durably as :meth:`write` does; returns
+        the staging token and the bytes written. :meth:`promote` moves it into place once the
+        provider accepts the key, :meth:`discard` deletes it when it rejects it."""
+        token = secrets.token_hex(8)
+        data = content.encode("utf-8", "surrogatepass")
+        written = fs.write_atomic(self.staging, (token, f"{rid}.txt"), data, fsync=self.fsync)
+        return token, written
+
+    def promote(self, tenant: str, session: str, rid: str, token: str) -> None:
+        fs.move(self.staging, (token, f"{rid}.txt"), self.data_dir,
+                tool_result_parts(tenant, session, rid), fsync=self.fsync)
+        fs.remove_tree(self.staging, (token,))
+
+    def discard(self, token: str) -> None:
+        fs.remove_tree(self.staging, (token,))
+
     def read(self, tenant: str, session: str, rid: str) -> str:
         try:
             data = fs.read_bytes(self.data_dir, tool_result_parts(tenant, session, rid))
@@ -128,6 +153,13 @@ class ToolResultStore:
         for tenant in fs.subdirs(self.data_dir):
             for session in fs.subdirs(self.data_dir, (tenant,)):
                 deleted += _delete_older(self.data_dir, (tenant, session, TOOL_RESULT_DIR), cutoff)
+        # Staged originals whose request never settled (a crash): an hour is far beyond any
+        # request's lifetime.
+        for token in fs.subdirs(self.staging):
+            if (info := fs.lstat(self.staging, (token,))) is not None and (
+                info.st_mtime < (time.time() if now is None else now) - 3600
+            ):
+                fs.remove_tree(self.staging, (token,))
         if deleted:
             log.info("gc deleted %d expired tool_result files", deleted)
         return deleted

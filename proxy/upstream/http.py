@@ -50,8 +50,11 @@ _KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 class Upstream:
     """One aiohttp session for the process, opened and closed by the app's lifespan."""
 
-    def __init__(self, config: UpstreamConfig) -> None:
+    def __init__(self, config: UpstreamConfig, *, forward_client_key: bool = True) -> None:
+        """``forward_client_key`` off: the client's key headers are never sent on (they hold
+        the proxy's own keys, ``auth.keys``)."""
         self.config = config
+        self._strip_keys = not forward_client_key or config.api_key is not None
         self.base_url = config.base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._auth = f"Bearer {config.api_key}" if config.api_key else None
@@ -93,7 +96,7 @@ class Upstream:
             name = raw_name.decode("latin-1").lower()
             if name in _HOP or name.startswith("x-ctxproxy-"):
                 continue
-            if self._auth is not None and name in _KEY_HEADERS:
+            if self._strip_keys and name in _KEY_HEADERS:
                 continue
             out.append((name, raw_value.decode("latin-1")))
         if self._auth is not None:

@@ -1,11 +1,6 @@
-"""Who is asking ``/files``, in which format, what they may see, and how files are reached
-inside ``data_dir``.
+"""What a ``/files`` request asks for (its format) and windows of the files it reads.
 
-Identity: the API key comes from ``Authorization: Bearer KEY``, ``Authorization: Basic
-base64(user:KEY)`` (what a browser sends after its native login prompt), ``x-api-key`` or
-``api-key``. The caller's tenant is :func:`proxy.session.tenant_of` of that key, so a key sees
-exactly the sessions its chat requests created. The master key (``auth.master_key``) sees every
-tenant. The key itself is only hashed or compared here, never stored, echoed or logged.
+Who is asking is :class:`proxy.auth.Gate`'s decision, as for every route.
 
 Format: ``?format=json|html|text`` or ``?raw=1`` win, then the ``Accept`` header (highest q of
 ``text/html``, ``application/json``, ``text/plain``; ties prefer HTML), else HTML -- except that
@@ -18,87 +13,21 @@ File access goes through :mod:`proxy.store.fs` (``openat`` one component at a ti
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hmac
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from proxy.errors import Unauthorized
-from proxy.session import ANON, client_key, tenant_of
-
 __all__ = [
-    "REALM",
     "Ask",
-    "AuthRequired",
-    "Caller",
     "Fmt",
     "Window",
     "ask_of",
-    "identify",
     "iter_chunks",
-    "presented_key",
     "read_window",
 ]
 
-REALM: Final = "ctxproxy"
 _CHUNK: Final = 1 << 16
-
-
-class AuthRequired(Unauthorized):
-    """401 that asks a browser for credentials (``WWW-Authenticate: Basic``)."""
-
-    headers: Final = {"WWW-Authenticate": f'Basic realm="{REALM}", charset="UTF-8"'}
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    tenant: str  # the caller's own tenant (``anon`` without a key)
-    master: bool
-
-    def may_see(self, tenant: str) -> bool:
-        return self.master or tenant == self.tenant
-
-    @property
-    def scope(self) -> str | None:
-        """The tenant filter for listings; ``None`` means every tenant (master key)."""
-        return None if self.master else self.tenant
-
-
-def presented_key(headers: Mapping[str, str]) -> str | None:
-    """The API key the request carries, or ``None``."""
-    auth = headers.get("authorization", "").strip()
-    scheme, _, rest = auth.partition(" ")
-    if scheme.lower() != "basic":
-        return client_key(headers)
-    try:
-        decoded = base64.b64decode(rest.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
-        # Deliberately no detail: the credentials must not be echoed back.
-        raise AuthRequired("malformed Basic credentials") from None
-    user, _, password = decoded.partition(":")
-    # The key normally goes in the password field; a key typed as user name works too.
-    return password or user or None
-
-
-def identify(headers: Mapping[str, str], master_key: str | None, *, login: bool = False) -> Caller:
-    """The caller of a ``/files`` request; raises :class:`AuthRequired` when a key is needed.
-
-    ``login`` asks for credentials even without a master key, so a browser (which only sends
-    Basic credentials after a 401) can switch from ``anon`` to its own tenant.
-    """
-    key = presented_key(headers)
-    if key is None:
-        if master_key is not None or login:
-            raise AuthRequired("an API key is required: send it as a Bearer token or log in")
-        return Caller(ANON, False)
-    if master_key is not None and hmac.compare_digest(
-        key.encode("utf-8", "surrogatepass"), master_key.encode("utf-8", "surrogatepass")
-    ):
-        return Caller(tenant_of(key), True)
-    return Caller(tenant_of(key), False)
 
 
 Fmt = Literal["html", "json", "text"]

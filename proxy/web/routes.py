@@ -25,7 +25,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy.errors import BadRequest, NotFound, ProxyError
+from proxy.auth import Caller
+from proxy.errors import AuthRequired, BadRequest, NotFound, ProxyError
 from proxy.relay import Receive, Scope, Send
 from proxy.routes import runtime_of
 from proxy.runtime import Runtime
@@ -34,17 +35,7 @@ from proxy.store.dialog_read import parse_record
 from proxy.store.fs import Hidden, list_files, open_dir, open_file, valid_name
 from proxy.store.tool_results import OffloadedFileMissing
 from proxy.web import render
-from proxy.web.access import (
-    Ask,
-    AuthRequired,
-    Caller,
-    Fmt,
-    Window,
-    ask_of,
-    identify,
-    iter_chunks,
-    read_window,
-)
+from proxy.web.access import Ask, Fmt, Window, ask_of, iter_chunks, read_window
 
 __all__ = ["MAX_LINES", "PAGE_BYTES", "PAGE_LINES", "PAGE_RECORDS", "FilesApp"]
 
@@ -75,9 +66,7 @@ class FilesApp:
         ask = ask_of(request.headers, request.query_params, scope.get("root_path", ""))
         try:
             rt = runtime_of(scope)
-            caller = identify(
-                request.headers, rt.config.auth.master_key, login=ask.query.get("login") == "1"
-            )
+            caller = rt.gate.caller(request.headers, files=True, login=ask.query.get("login") == "1")
             rest: str = scope.get("path_params", {}).get("rest", "")
             # Disk and database work happens off the event loop; chat traffic must not wait.
             response = await asyncio.to_thread(_dispatch, rt, caller, ask, rest)

@@ -1,0 +1,47 @@
+"""Disk used per tenant under ``data_dir``, for the quota (``storage.max_tenant_mb``).
+
+The periodic gc measures every tenant's files (:meth:`DiskUsage.measure`, a walk of the tree in
+a worker thread); between two walks every write adds what it wrote, so a tenant cannot write
+gigabytes in the hour between them. Until the first walk is done nobody is over quota.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from . import fs
+
+__all__ = ["DiskUsage"]
+
+_MB = 1024 * 1024
+
+
+class DiskUsage:
+    """Bytes per tenant; thread-safe (writes happen in worker threads)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir)
+        self._bytes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def measure(self) -> dict[str, int]:
+        """Walk ``data_dir`` and replace the figures (blocking: call it in a worker thread)."""
+        sizes: dict[str, int] = {}
+        for tenant in fs.subdirs(self.data_dir):
+            sizes[tenant] = sum(e.size for _, e in fs.walk_files(self.data_dir, (tenant,)))
+        with self._lock:
+            self._bytes = sizes
+        return dict(sizes)
+
+    def add(self, tenant: str, nbytes: int) -> None:
+        if nbytes:
+            with self._lock:
+                self._bytes[tenant] = self._bytes.get(tenant, 0) + nbytes
+
+    def used(self, tenant: str) -> int:
+        with self._lock:
+            return self._bytes.get(tenant, 0)
+
+    def over(self, tenant: str, limit_mb: float | None) -> bool:
+        return limit_mb is not None and self.used(tenant) >= limit_mb * _MB
