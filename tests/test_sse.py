@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.retrieval.loop import _events
 from proxy.upstream.sse import DEFAULT_MAX_EVENT_BYTES, Event, SSEDecoder
 
 
@@ -58,6 +59,29 @@ def test_crlf_split_across_chunks_is_one_line_end() -> None:
     assert d.feed(b"data: a\r\r") == [Event(b"a")]
     assert d.feed(b"\ndata: b\r") == []  # that \n is the second half of a \r\n: no blank line
     assert d.feed(b"\r") == [Event(b"b")]
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        # The read loop's old framer replaced b"\r\n" chunk by chunk, so a \r\n split across
+        # chunks left a stray \r: here the two events ran together into one ...
+        [b'data: {"a": 1}\r\n\r', b'\ndata: {"b": 2}\r\n\r\n'],
+        # ... and here no blank line was ever seen, so neither event came out.
+        [b'data: {"a": 1}\r\n\r', b'\ndata: {"b": 2}\r\n\r', b"\n"],
+    ],
+)
+async def test_read_loop_events_crlf_split_across_chunks(chunks: list[bytes]) -> None:
+    class Content:
+        async def iter_any(self) -> Any:
+            for chunk in chunks:
+                yield chunk
+
+    class Response:
+        content = Content()
+
+    got = [data async for data in _events(cast(Any, Response()))]
+    assert got == [b'{"a": 1}', b'{"b": 2}']
 
 
 def test_bom_is_dropped_once_even_when_split() -> None:
