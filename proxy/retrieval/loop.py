@@ -14,7 +14,7 @@ the client could neither run them nor continue with a half-answered turn.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTim
 from ..relay import Headers, Send, read_whole, redact_secret, send_whole, sse_error_event
 from ..session import Identity
 from ..upstream.http import Upstream, response_headers
+from ..upstream.sse import SSEDecoder
 from .tool import ReadTool
 
 log = logging.getLogger("proxy.upstream")
@@ -320,16 +321,12 @@ class _Round:
         return [b"data: " + orjson.dumps(chunk) + b"\n\n"]
 
 
-async def _events(resp: aiohttp.ClientResponse) -> Any:
-    """SSE `data:` payloads of a response, one per event."""
-    buf = b""
+async def _events(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The data of each SSE event of a response, framed as any SSE client frames it."""
+    decoder = SSEDecoder()
     async for chunk in resp.content.iter_any():
-        buf += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in buf:
-            event, buf = buf.split(b"\n\n", 1)
-            lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-            if lines:
-                yield b"\n".join(lines)
+        for event in decoder.feed(chunk):
+            yield event.data
 
 
 def _completion(payload: bytes) -> dict[str, Any] | None:

@@ -5,16 +5,13 @@ bytes on the side so that the answer can be archived as one assistant message an
 inspected. It is pure (no I/O), cheap, and never raises from ``feed``: a broken stream must never
 break the relay.
 
-Framing follows the WHATWG "server-sent events" parser. Lines end in ``\\r\\n``, ``\\n`` or
-``\\r`` (normalised to ``\\n`` as the bytes arrive, a ``\\r\\n`` split across two chunks
-included); a blank line dispatches an event; ``:`` lines are comments (keep-alives); ``data``
-lines of one event are joined with ``"\\n"``; ``event: error`` marks an error event; ``id``,
-``retry`` and unknown fields are ignored; a leading UTF-8 BOM is dropped. An event that has not
-been closed by a blank line when the stream ends is never dispatched (as in the spec and the
-OpenAI SDK, which would not show it to the client either); ``buffered`` tells how many such bytes
-are pending. Bytes are decoded per event, so chunks may split a UTF-8 character anywhere;
-invalid UTF-8 becomes U+FFFD, as an SSE client decodes it. An event longer than
-``max_event_bytes`` (default 16 MiB) is dropped and counted in ``malformed``.
+Framing is :class:`proxy.upstream.sse.SSEDecoder`'s (the WHATWG rules: CRLF, LF or CR line
+ends, also split across chunks; comments; ``data`` lines joined with ``"\\n"``; a leading BOM
+dropped; an event not closed by a blank line when the stream ends is never dispatched, and
+``buffered`` tells how many such bytes are pending; an event longer than ``max_event_bytes``,
+default 16 MiB, is dropped and counted in ``malformed``). Of the fields, only ``event: error``
+matters here. Data is decoded per event, so chunks may split a UTF-8 character anywhere; invalid
+UTF-8 becomes U+FFFD, as an SSE client decodes it.
 
 Events. ``data: [DONE]`` sets ``done``. Any other data is parsed as JSON: a non-object or
 unparseable payload is counted in ``malformed`` and skipped. An error (``event: error``, or an
@@ -55,17 +52,12 @@ from .choices import (
     build_message,
     message_from_completion,
 )
+from .sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder
 
 __all__ = ["DEFAULT_MAX_EVENT_BYTES", "StreamAssembler", "message_from_completion"]
 
 log = logging.getLogger("proxy.upstream.assemble")
 
-# One event is one delta (a few hundred bytes); a provider that emits a whole tool call in one
-# event stays far below this. The cap bounds memory when an upstream never sends a blank line:
-# a longer event is dropped and counted as malformed, however it was chunked.
-DEFAULT_MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
-
-_BOM: Final = b"\xef\xbb\xbf"
 _DONE: Final = b"[DONE]"
 _META: Final = (
     ("id", str), ("model", str), ("created", int), ("system_fingerprint", str), ("service_tier", str)
@@ -79,19 +71,14 @@ class StreamAssembler:
         "done",
         "error",
         "events",
-        "malformed",
         "usage",
         "id",
         "model",
         "created",
         "system_fingerprint",
         "service_tier",
-        "_buf",
-        "_scan",
-        "_skip_lf",
-        "_bom_checked",
-        "_skipping",
-        "_max",
+        "_malformed",
+        "_sse",
         "_choices",
         "_need_meta",
     )
@@ -100,124 +87,48 @@ class StreamAssembler:
         self.done = False
         self.error: Any = None
         self.events = 0  # dispatched events that had data, [DONE] and malformed ones included
-        self.malformed = 0
+        self._malformed = 0
         self.usage: dict[str, Any] | None = None
         self.id: str | None = None
         self.model: str | None = None
         self.created: int | None = None
         self.system_fingerprint: str | None = None
         self.service_tier: str | None = None
-        # bytearray: appending is amortised O(1) and deleting the consumed front is cheap, so
-        # a stream fed one byte at a time stays linear.
-        self._buf = bytearray()
-        self._scan = 0  # where the next search for b"\n\n" starts (the bytes before hold none)
-        self._skip_lf = False  # the previous chunk ended in \r: a leading \n completes that \r\n
-        self._bom_checked = False
-        self._skipping = False  # dropping the rest of an oversized event up to its blank line
-        self._max = max(int(max_event_bytes), 1)
+        self._sse = SSEDecoder(max_event_bytes=max_event_bytes)
         self._choices: dict[int, Choice] = {}
         self._need_meta = True
 
-    # -- framing ---------------------------------------------------------------------------
+    # -- events ----------------------------------------------------------------------------
+
+    @property
+    def malformed(self) -> int:
+        """Events dropped: oversized (the decoder's count), unparseable or not a JSON object,
+        plus chunks that made ``feed`` fail."""
+        return self._malformed + self._sse.malformed
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet dispatched (an event the stream has not closed yet)."""
+        return self._sse.buffered
 
     def feed(self, chunk: bytes | bytearray) -> None:
         """Take the next bytes of the stream, exactly as they arrived. Never raises: an internal
         error (a bug, or a chunk of the wrong type) is logged and counted in ``malformed``."""
         try:
-            self._feed(chunk)
+            # _feed, inlined: one Python call less per chunk, a fair share of a tiny chunk's cost.
+            for event in self._sse.feed(chunk):
+                self._event(event.data, event.event == "error")
         except Exception:
-            self.malformed += 1
+            self._malformed += 1
             log.warning("stream assembler failed on a chunk", exc_info=True)
 
     def _feed(self, chunk: bytes | bytearray) -> None:
-        if not chunk:
-            return
-        if self._skip_lf:
-            self._skip_lf = False
-            if chunk[0] == 0x0A:
-                chunk = chunk[1:]
-                if not chunk:
-                    return
-        # memchr first: upstreams that send \r at all are rare, so the common path copies nothing.
-        if b"\r" in chunk:
-            # A trailing \r already ends its line (turned into \n right away, so the event is not
-            # held back); remember it so that a \n opening the next chunk is not a second line end.
-            self._skip_lf = chunk[-1] == 0x0D
-            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buf = self._buf
-        buf += chunk
-        if not self._bom_checked:
-            if len(buf) < 3 and _BOM.startswith(buf):
-                return  # could still become a BOM
-            self._bom_checked = True
-            if buf.startswith(_BOM):
-                del buf[:3]
-        end = buf.find(b"\n\n", self._scan)
-        if end >= 0:
-            pos = 0
-            while end >= 0:
-                if self._skipping:
-                    self._skipping = False  # the tail of an oversized event ends here
-                elif end - pos > self._max:
-                    self.malformed += 1  # too long, even if it came in one piece
-                elif end > pos:
-                    self._event(buf, pos, end)
-                pos = end + 2
-                end = buf.find(b"\n\n", pos)
-            # Stray blank lines after a separator dispatch nothing: drop them, so that the
-            # buffer holds only the pending event (what `buffered` and the size cap measure).
-            while pos < len(buf) and buf[pos] == 0x0A:
-                pos += 1
-            del buf[:pos]
-        # +1: the last byte may be the first \n of the separator that ends a max-sized event.
-        if len(buf) > self._max + 1:
-            self._overflow()
-        else:
-            # That last byte may pair with a \n at the start of the next chunk.
-            self._scan = len(buf) - 1 if buf else 0
+        """``feed`` without its safety net, so that a bug surfaces (in tests)."""
+        for event in self._sse.feed(chunk):
+            self._event(event.data, event.event == "error")
 
-    def _overflow(self) -> None:
-        # The pending event cannot be dispatched: drop what is buffered and skip the rest of it
-        # up to its blank line. The last byte stays: it may be the separator's first \n.
-        if not self._skipping:
-            self.malformed += 1
-            self._skipping = True
-        del self._buf[:-1]
-        self._scan = 0
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet dispatched (an event the stream has not closed yet)."""
-        return len(self._buf)
-
-    def _event(self, buf: bytearray, pos: int, end: int) -> None:
-        """Dispatch the event ``buf[pos:end]`` (LF line ends, no blank line inside)."""
-        data: bytes | bytearray
-        is_error = False
-        # Nearly every event is one "data: {...}" line: take it without copying or splitting
-        # lines first (memchr-speed checks on the shared buffer, then one slice).
-        if buf.startswith(b"data: ", pos) and buf.find(b"\n", pos, end) < 0:
-            data = buf[pos + 6 : end]
-        else:
-            parts: list[bytes | bytearray] = []
-            for line in buf[pos:end].split(b"\n"):
-                if not line or line[0] == 0x3A:  # blank (after a triple newline) or ": comment"
-                    continue
-                colon = line.find(b":")
-                value: bytes | bytearray
-                if colon < 0:
-                    field, value = line, b""
-                else:
-                    field, value = line[:colon], line[colon + 1 :]
-                    if value[:1] == b" ":
-                        value = value[1:]
-                if field == b"data":
-                    parts.append(value)
-                elif field == b"event":
-                    is_error = value == b"error"
-            if not parts:
-                return  # the spec dispatches nothing for an event without data
-            data = parts[0] if len(parts) == 1 else b"\n".join(parts)
+    def _event(self, data: bytes, is_error: bool) -> None:
+        """One dispatched event's data; ``is_error``: it came as ``event: error``."""
         self.events += 1
         if not data:
             return
@@ -232,13 +143,13 @@ class StreamAssembler:
                 if is_error:
                     self._record_error(data.decode("utf-8", "replace"))
                 else:
-                    self.malformed += 1
+                    self._malformed += 1
                 return
         if type(obj) is not dict:
             if is_error:
                 self._record_error(obj)
             else:
-                self.malformed += 1
+                self._malformed += 1
             return
         err = obj.get("error")
         if is_error or err is not None:
