@@ -243,3 +243,22 @@ def test_dialog_file_read_from_the_end(make_proxy: ProxyFactory, fake: FakeUpstr
     assert resp.choices[0].message.content == "read it"
     record = orjson.loads(seen["result"].splitlines()[0])
     assert record["pos"] == 2 and record["message"]["role"] == "assistant"  # archived line 3
+
+
+def test_an_upstream_error_mid_stream_reaches_the_client(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    """An error event in a read round is passed on as it came and ends the stream: no
+    [DONE], no further round, as if the error had never happened."""
+    error = b'data: {"error":{"message":"overloaded","type":"server_error","code":null}}\n\n'
+    sse = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+           b'"delta":{"content":"Hel"}}]}\n\n' + error)
+    fake.script(Reply(body=sse, headers={"content-type": "text/event-stream"}))
+    srv = make_proxy()
+    body = {"model": "gpt-4o", "messages": history(big_output()), "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=10,
+                      headers={"authorization": "Bearer sk-r"}) as r:
+        raw = b"".join(r.iter_raw())
+    assert r.status_code == 200
+    assert raw.endswith(error) and b"[DONE]" not in raw and b'"Hel"' in raw
+    assert fake.request_count == 1

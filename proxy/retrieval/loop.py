@@ -207,6 +207,9 @@ class ReadLoop:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return state
             state.add_usage(rnd.usage)
+            if rnd.failed:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return state
             if rnd.ours and not rnd.theirs and not last:
                 calls = rnd.our_calls()
                 msg = {"role": "assistant", "content": rnd.text or None, "tool_calls": calls}
@@ -242,6 +245,7 @@ class _Round:
         self.text = ""
         self.usage: Any = None
         self.pending_finish: dict[str, Any] | None = None
+        self.failed = False
 
     def feed(self, data: bytes, meta: dict[str, Any]) -> list[bytes]:
         if data == b"[DONE]":
@@ -251,6 +255,11 @@ class _Round:
         except orjson.JSONDecodeError:
             return [b"data: " + data + b"\n\n"]
         if not isinstance(chunk, dict):
+            return [b"data: " + data + b"\n\n"]
+        if chunk.get("error") is not None:
+            # The upstream failed mid-stream: the client sees its error as it came, and the
+            # stream ends there (no further round, no [DONE]).
+            self.failed = True
             return [b"data: " + data + b"\n\n"]
         for key in ("id", "created", "model", "system_fingerprint"):
             if key in chunk and key not in meta:
