@@ -122,7 +122,7 @@ class Writes:
         """The upstream answered. A rejection (401/403/407) drops the held writes; any other
         status starts them, in the background while the answer is relayed (see
         :meth:`drain`), and a success makes the tenant known."""
-        if self.mode is not Mode.HELD:
+        if self.mode is not Mode.HELD or self.dropped:
             return
         if status in REJECTED:
             self._drop()
@@ -133,7 +133,7 @@ class Writes:
         """The request is over. Writes still held were never judged: a client that left
         takes its request with it (it still has it), while one the upstream failed to answer
         (unreachable, timed out) is kept, as every request the proxy received is."""
-        if self.mode is Mode.HELD:
+        if self.mode is Mode.HELD and not self.dropped:
             if disconnected:
                 self._drop()
             else:

@@ -132,11 +132,13 @@ async def _abandon(url: str, body: bytes, after: float, stream: bool) -> None:
             pass
 
 
-async def _abandon_once_forwarded(url: str, body: bytes, fake: FakeUpstream) -> None:
+async def _abandon_once_forwarded(
+    url: str, body: bytes, fake: FakeUpstream, headers: dict[str, str] | None = None
+) -> None:
     """Post, and walk away as soon as the upstream has the request (the first request of a
     fresh proxy may still be loading its tokenizer, so no fixed delay would do)."""
     async with aiohttp.ClientSession() as s:
-        task = asyncio.ensure_future(s.post(url, data=body))
+        task = asyncio.ensure_future(s.post(url, data=body, headers=headers))
         assert await fake.wait_for_async(lambda f: len(f.received) == 1, timeout=10)
         task.cancel()
         try:

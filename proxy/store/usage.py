@@ -23,21 +23,33 @@ class DiskUsage:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
         self._bytes: dict[str, int] = {}
+        self._during: dict[str, int] | None = None  # writes counted while a walk runs
         self._lock = threading.Lock()
 
     def measure(self) -> dict[str, int]:
-        """Walk ``data_dir`` and replace the figures (blocking: call it in a worker thread)."""
-        sizes: dict[str, int] = {}
-        for tenant in fs.subdirs(self.data_dir):
-            sizes[tenant] = sum(e.size for _, e in fs.walk_files(self.data_dir, (tenant,)))
+        """Walk ``data_dir`` and replace the figures (blocking: call it in a worker thread).
+        What was written during the walk is added on top: the walk may have missed it, and
+        counting a file twice until the next walk errs on the quota's side."""
         with self._lock:
-            self._bytes = sizes
+            self._during = {}
+        sizes: dict[str, int] = {}
+        try:
+            for tenant in fs.subdirs(self.data_dir):
+                sizes[tenant] = sum(e.size for _, e in fs.walk_files(self.data_dir, (tenant,)))
+        finally:
+            with self._lock:
+                for tenant, nbytes in (self._during or {}).items():
+                    sizes[tenant] = sizes.get(tenant, 0) + nbytes
+                self._during = None
+                self._bytes = sizes
         return dict(sizes)
 
     def add(self, tenant: str, nbytes: int) -> None:
         if nbytes:
             with self._lock:
                 self._bytes[tenant] = self._bytes.get(tenant, 0) + nbytes
+                if self._during is not None:
+                    self._during[tenant] = self._during.get(tenant, 0) + nbytes
 
     def used(self, tenant: str) -> int:
         with self._lock:
