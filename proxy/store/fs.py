@@ -31,6 +31,7 @@ __all__ = [
     "Hidden",
     "append_fd",
     "list_files",
+    "iter_chunks",
     "lstat",
     "move",
     "open_dir",
@@ -48,6 +49,7 @@ _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted in the tree must not hang the worker thread in open().
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _APPEND_FLAGS: Final = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK: Final = 1 << 16
 _TMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -149,20 +151,26 @@ def open_file(root: Path, parts: Sequence[str]) -> tuple[int, os.stat_result]:
 
 
 def read_bytes(root: Path, parts: Sequence[str]) -> bytes:
-    """The whole regular file ``root/parts...``; :class:`Hidden` for anything else."""
+    """The regular file ``root/parts...`` as it was when opened (an archive may grow
+    meanwhile); :class:`Hidden` for anything else."""
     fd, info = open_file(root, parts)
+    return b"".join(iter_chunks(fd, info.st_size))
+
+
+def iter_chunks(fd: int, size: int) -> Iterator[bytes]:
+    """Exactly ``size`` bytes from the start of ``fd`` (an archive may grow meanwhile; the
+    declared Content-Length must hold), then closes it."""
     try:
-        chunks: list[bytes] = []
         offset = 0
-        while True:
-            chunk = os.pread(fd, max(info.st_size - offset, 1 << 16), offset)
+        while offset < size:
+            chunk = os.pread(fd, min(_CHUNK, size - offset), offset)
             if not chunk:
                 break
-            chunks.append(chunk)
             offset += len(chunk)
-        return b"".join(chunks)
+            yield chunk
     finally:
         os.close(fd)
+
 
 
 def lstat(root: Path, parts: Sequence[str]) -> os.stat_result | None:

@@ -14,7 +14,7 @@ File access goes through :mod:`proxy.store.fs` (``openat`` one component at a ti
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -23,7 +23,6 @@ __all__ = [
     "Fmt",
     "Window",
     "ask_of",
-    "iter_chunks",
     "read_window",
 ]
 
@@ -88,21 +87,6 @@ def ask_of(headers: Mapping[str, str], query: Mapping[str, str], root_path: str 
 
 
 # --- file windows ------------------------------------------------------------------------------
-
-
-def iter_chunks(fd: int, size: int) -> Iterator[bytes]:
-    """Exactly ``size`` bytes from the start of ``fd`` (an archive may grow meanwhile; the
-    declared Content-Length must hold), then closes it."""
-    try:
-        offset = 0
-        while offset < size:
-            chunk = os.pread(fd, min(_CHUNK, size - offset), offset)
-            if not chunk:
-                break
-            offset += len(chunk)
-            yield chunk
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)

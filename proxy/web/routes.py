@@ -32,10 +32,10 @@ from proxy.routes import runtime_of
 from proxy.runtime import Runtime
 from proxy.store.db import SessionRow, format_ts
 from proxy.store.dialog_read import parse_record
-from proxy.store.fs import Hidden, list_files, open_dir, open_file, valid_name
+from proxy.store.fs import Hidden, iter_chunks, list_files, open_dir, open_file, valid_name
 from proxy.store.tool_results import OffloadedFileMissing
 from proxy.web import render
-from proxy.web.access import Ask, Fmt, Window, ask_of, iter_chunks, read_window
+from proxy.web.access import Ask, Fmt, Window, ask_of, read_window
 
 __all__ = ["MAX_LINES", "PAGE_BYTES", "PAGE_LINES", "PAGE_RECORDS", "FilesApp"]
 
