@@ -6,8 +6,9 @@ import logging
 import time
 from typing import Any
 
+from starlette.types import Message, Receive, Scope, Send
+
 from .metrics import Metrics
-from .relay import Message, Receive, Scope, Send
 
 log = logging.getLogger("proxy.access")
 

@@ -1,4 +1,4 @@
-"""create_app(config): routes, lifespan-owned resources, one error handler."""
+"""create_app(config): routes, the services built by the lifespan, one error handler."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterable,
-    MutableMapping,
     Sequence,
 )
-from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -20,17 +18,18 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
 from .access import AccessLog
+from .asgi import send_error
 from .auth import Gate
-from .chat import ChatCompletions
 from .config import Config
+from .conversation import ChatCompletions
 from .errors import AuthRequired, ProxyError, envelope
 from .metrics import Metrics
-from .pipeline import Stage
-from .relay import Receive, Scope, Send, send_error
+from .pipeline.model import Stage
 from .routes import Health, MetricsPage, Models, PassThrough
-from .runtime import close_runtime, open_runtime
+from .services import Services, open_services
 from .web.routes import FilesApp
 
 log = logging.getLogger("proxy")
@@ -117,7 +116,7 @@ class Proxy:
             return
         started = False
 
-        async def tracking_send(message: MutableMapping[str, Any]) -> None:
+        async def tracking_send(message: Message) -> None:
             nonlocal started
             started = True
             await send(message)
@@ -146,14 +145,25 @@ def _key_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
             if k.lower() in _KEY_HEADERS}
 
 
-def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> AccessLog:
+class App(AccessLog):
+    """What :func:`create_app` returns: the ASGI app, and its services while it runs (for a
+    test to :meth:`~proxy.services.Services.drain`)."""
+
+    services: Services | None = None
+
+
+def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
+    """The proxy. ``stages``: pure stages to run instead of the default pipeline (tests)."""
+
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
-        runtime = await open_runtime(config, stages, metrics=metrics, gate=gate)
+    async def lifespan(_: Starlette) -> AsyncIterator[dict[str, object]]:
+        services = await open_services(config, stages=stages, metrics=metrics, gate=gate)
+        outer.services = services
         try:
-            yield {"runtime": runtime}
+            yield {"services": services}
         finally:
-            await close_runtime(runtime)
+            outer.services = None
+            await services.close()
 
     metrics = Metrics()
     gate = Gate(config.auth)
@@ -182,4 +192,5 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> Acce
         ("POST", "/v1/chat/completions"): chat,
         ("POST", "/chat/completions"): chat,
     }
-    return AccessLog(Proxy(app, fast, passthrough, gate, metrics), metrics)
+    outer = App(Proxy(app, fast, passthrough, gate, metrics), metrics)
+    return outer

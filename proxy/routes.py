@@ -1,52 +1,30 @@
-"""Route handlers: they orchestrate parse -> session -> pipeline -> forward, nothing more."""
+"""The small route handlers (passthrough, models, health, metrics) and what every handler reads
+from the request's scope: its services, and its caller as the gate decided."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
 import orjson
+from starlette.types import Receive, Scope, Send
 
+from .asgi import JSON_CT, read_body, run_until_disconnect, send_whole
 from .auth import Caller
 from .errors import BadRequest, ProxyError
-from .pipeline import PipelineResult
-from .relay import (
-    JSON_CT,
-    Headers,
-    Receive,
-    Scope,
-    Send,
-    read_body,
-    relay_buffered,
-    relay_stream,
-    run_until_disconnect,
-    send_error,
-    send_whole,
-    timing_of,
-)
-from .runtime import Runtime
-from .session import Identity
-from .upstream.http import response_headers
+
+if TYPE_CHECKING:
+    from .services import Services
 
 log = logging.getLogger("proxy.access")
 
-_BUFFER_LIMIT = 16 * 1024 * 1024
-_SSE = "text/event-stream"
-# Deepest JSON nesting a chat body may have. orjson parses up to 1024 levels but serializes only
-# 254, and the proxy re-serializes the body (and each message, for the archive and the hashes):
-# deeper bodies are refused up front instead of failing half-way through the pipeline.
-MAX_DEPTH = 128
-_JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
-               list: "an array", type(None): "null"}
 
-
-def runtime_of(scope: Scope) -> Runtime:
-    rt = scope.get("state", {}).get("runtime")
-    if rt is None:
+def services_of(scope: Scope) -> Services:
+    services = scope.get("state", {}).get("services")
+    if services is None:
         raise ProxyError("proxy is not started (lifespan did not run)")
-    return rt  # type: ignore[no-any-return]
+    return services  # type: ignore[no-any-return]
 
 
 def caller_of(scope: Scope) -> Caller:
@@ -59,72 +37,6 @@ def caller_of(scope: Scope) -> Caller:
 
 def header_map(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-
-
-def parse_chat(raw: bytes, max_messages: int = 100_000) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' is required and must be a non-empty string", param="model")
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise BadRequest("'messages' is required and must be an array", param="messages")
-    if len(messages) > max_messages:
-        raise BadRequest(
-            f"'messages' has {len(messages)} entries; this proxy accepts at most {max_messages}",
-            param="messages",
-        )
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            got = _JSON_TYPES.get(type(message), "a value")
-            raise BadRequest(
-                f"Invalid type for 'messages[{i}]': expected an object, but got {got} instead.",
-                param=f"messages[{i}]",
-            )
-        # The fields the pipeline dispatches on (anything else is the upstream's to judge).
-        for name, kind, expected in (("role", str, "a string"), ("tool_calls", list, "an array")):
-            value = message.get(name)
-            if value is not None and not isinstance(value, kind):
-                got = _JSON_TYPES.get(type(value), "an object")
-                raise BadRequest(
-                    f"Invalid type for 'messages[{i}].{name}': expected {expected}, "
-                    f"but got {got} instead.",
-                    param=f"messages[{i}].{name}",
-                )
-    if _deeper_than(body, MAX_DEPTH):
-        raise BadRequest(f"request body is nested more than {MAX_DEPTH} levels deep")
-    return body
-
-
-def _deeper_than(value: dict[str, Any] | list[Any], budget: int) -> bool:
-    """Whether `value` nests more than `budget` objects/arrays (itself counted). Only
-    containers are visited (a few ms for a 7 MB, 9,000-message body)."""
-    if budget <= 0:
-        return True
-    items: Iterable[Any] = value.values() if isinstance(value, dict) else value
-    for item in items:
-        kind = type(item)
-        if (kind is dict or kind is list) and _deeper_than(item, budget - 1):
-            return True
-    return False
-
-
-def ctx_headers(identity: Identity, result: PipelineResult, raw: bytes, out: bytes) -> Headers:
-    stats = result.stats
-    tokens_in = stats.get("tokens_in", len(raw) // 4)
-    tokens_out = stats.get("tokens_out", len(out) // 4)
-    return [
-        (b"x-ctxproxy-session", identity.session.encode()),
-        (b"x-ctxproxy-tokens-in", str(tokens_in).encode()),
-        (b"x-ctxproxy-tokens-out", str(tokens_out).encode()),
-        (b"x-ctxproxy-offloaded", str(stats.get("offloaded", 0)).encode()),
-        (b"x-ctxproxy-compacted", b"1" if stats.get("compacted", 0) else b"0"),
-    ]
 
 
 _MAX_DECODES = 3  # %25 nesting the check unwraps; a path still encoded after that is refused
@@ -172,66 +84,13 @@ class PassThrough:
     """Every other /v1/* route: forwarded raw, answered raw."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rt = runtime_of(scope)
+        svc = services_of(scope)
         subpath = passthrough_subpath(scope)  # before reading the body: a refusal costs nothing
-        raw = await read_body(scope, receive, rt.max_body)
-        work = forward_raw(rt, scope, send, scope["method"], subpath, raw, buffer_unknown=False)
+        raw = await read_body(scope, receive, svc.max_body)
+        work = svc.forwarder.forward(scope, send, scope["method"], subpath, raw,
+                                     buffer_unknown=False)
         if await run_until_disconnect(receive, work):
             log.info("client disconnected; upstream call cancelled (%s)", scope["path"])
-
-
-async def forward_raw(
-    rt: Runtime,
-    scope: Scope,
-    send: Send,
-    method: str,
-    subpath: str,
-    body: bytes,
-    *,
-    extra: Sequence[tuple[bytes, bytes]] = (),
-    stream_tap: Callable[[bytes], None] | None = None,
-    whole_tap: Callable[[bytes], None] | None = None,
-    on_status: Callable[[int], Awaitable[None]] | None = None,
-    before_end: Callable[[], Awaitable[None]] | None = None,
-    buffer_unknown: bool,
-) -> None:
-    """Send the request upstream as bytes and relay the answer as bytes.
-
-    SSE streams pass chunk by chunk; other bodies are buffered (a break then still gets a clean
-    502) unless they are large or, with `buffer_unknown` off and a success, of unknown length.
-    Taps see only successful answers. ``on_status`` runs once the status is known, before any
-    of the body is relayed, and ``before_end`` before its last byte (held writes,
-    :mod:`proxy.writes`). An error body is the provider's
-    and passes through, but
-    the proxy's own `upstream.api_key`, should the provider echo it, is redacted: the client
-    never had it.
-    """
-    up = rt.upstream
-    timing = timing_of(scope)
-    timing.restart()
-    resp = await up.send(
-        method, up.url(subpath, scope.get("query_string", b"")),
-        up.request_headers(scope["headers"]), body,
-    )
-    timing.mark()
-    async with resp:
-        if on_status is not None:
-            await on_status(resp.status)
-        headers = [*response_headers(resp), *extra]
-        ok = resp.status == 200
-        failed = resp.status >= 400
-        length = resp.content_length
-        if resp.content_type == _SSE:
-            await relay_stream(send, resp, headers, sse=True, tap=stream_tap if ok else None,
-                               before_end=before_end)
-        elif (length is None and (buffer_unknown or failed)
-              or length is not None and length <= _BUFFER_LIMIT):
-            secret = up.config.api_key if failed else None
-            await relay_buffered(send, resp, headers, tap=whole_tap if ok else None, redact=secret,
-                                 before_end=before_end)
-        else:
-            await relay_stream(send, resp, headers, sse=False, whole=whole_tap if ok else None,
-                               before_end=before_end)
 
 
 class Models:
@@ -241,13 +100,13 @@ class Models:
         self._passthrough = PassThrough()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rt = runtime_of(scope)
-        if not rt.config.model_list:
+        config = services_of(scope).config
+        if not config.model_list:
             await self._passthrough(scope, receive, send)
             return
         data = [
             {"id": r.model_name, "object": "model", "created": 0, "owned_by": "ctxproxy"}
-            for r in rt.config.model_list
+            for r in config.model_list
         ]
         await send_whole(send, 200, [JSON_CT], orjson.dumps({"object": "list", "data": data}))
 
@@ -257,7 +116,7 @@ class MetricsPage:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ct = (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
-        await send_whole(send, 200, [ct], runtime_of(scope).metrics.render())
+        await send_whole(send, 200, [ct], services_of(scope).metrics.render())
 
 
 class Health:
@@ -265,4 +124,13 @@ class Health:
         await send_whole(send, 200, [JSON_CT], b'{"status":"ok"}')
 
 
-__all__ = ["Health", "MetricsPage", "Models", "PassThrough", "ctx_headers", "parse_chat", "send_error"]
+__all__ = [
+    "Health",
+    "MetricsPage",
+    "Models",
+    "PassThrough",
+    "caller_of",
+    "header_map",
+    "passthrough_subpath",
+    "services_of",
+]

@@ -31,6 +31,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from .background import Background
 from .metrics import Metrics
 from .store import fs
 from .store.usage import DiskUsage
@@ -64,7 +65,7 @@ class Writes:
         mode: Mode,
         usage: DiskUsage,
         on_accept: Callable[[str], None],
-        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
     ) -> None:
         self.tenant = tenant
         self.mode = mode
@@ -73,7 +74,7 @@ class Writes:
         self._spawn = spawn
         self._held: list[tuple[Job, After | None]] = []
         self._undo: list[Callable[[], None]] = []
-        self._commit: asyncio.Task[None] | None = None
+        self._commit: asyncio.Task[Any] | None = None
         self.dropped = False
 
     @property
@@ -190,16 +191,21 @@ class WritePolicy:
     """Decides each request's :class:`Writes`: known keys, the disk quota."""
 
     def __init__(
-        self, data_dir: Path, usage: DiskUsage, limit_mb: float | None, metrics: Metrics
+        self,
+        data_dir: Path,
+        usage: DiskUsage,
+        limit_mb: float | None,
+        metrics: Metrics,
+        background: Background,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.usage = usage
         self.limit_mb = limit_mb
         self.metrics = metrics
+        self.background = background
         self._known: set[str] = set()
         self._lock = threading.Lock()
         self._logged: dict[str, float] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def _accept(self, tenant: str) -> None:
         with self._lock:
@@ -230,18 +236,7 @@ class WritePolicy:
             mode = Mode.HELD
         else:
             mode = Mode.NOW
-        return Writes(tenant, mode, self.usage, self._accept, self._spawn)
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def close(self) -> None:
-        """Wait for held writes still running (graceful shutdown)."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=30)
+        return Writes(tenant, mode, self.usage, self._accept, self.background.spawn)
 
     def _over_quota(self, tenant: str, limit: float | None) -> None:
         self.metrics.quota_exceeded.inc()

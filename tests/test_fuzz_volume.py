@@ -36,8 +36,9 @@ from proxy.app import create_app
 from proxy.compaction.message import SUMMARY_HEADING
 from proxy.config import config_from_mapping
 from proxy.errors import BadRequest
+from proxy.formats.body import MAX_DEPTH
+from proxy.formats.chat import parse as parse_chat
 from proxy.pipeline.notice import MARKER
-from proxy.routes import MAX_DEPTH, parse_chat
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread, serve_in_thread
 

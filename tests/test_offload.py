@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
 import subprocess
@@ -17,10 +18,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.compaction.compactor import NullCompactor
+from proxy.compaction.planner import Planner
+from proxy.compaction.windows import ContextWindows
 from proxy.config import Config, config_from_mapping
-from proxy.pipeline import RequestView, StageOutcome
+from proxy.pipeline import PipelineResult, RequestView
+from proxy.pipeline.count import RequestCounter
 from proxy.pipeline.notice import parse_notice, split_notice
-from proxy.pipeline.offload import OffloadStage
+from proxy.pipeline.offload import Offloader
+from proxy.pipeline.runner import Pipeline
+from proxy.pipeline.tokens import TokenCounter
 from proxy.pipeline.truncate import read_chunk, utf8_len
 from proxy.session import Identity
 from proxy.store.tool_results import OffloadedFileMissing, ToolResultStore
@@ -32,13 +39,20 @@ ID = Identity("t-tenant", "sess-1", None)
 
 
 class SyncStage:
-    """The stage driven to completion, as the pipeline awaits it."""
+    """The pure stage with its effects carried out (originals saved, cuts whose original could
+    not be saved undone), as the pipeline's runner does."""
 
-    def __init__(self, stage: OffloadStage) -> None:
+    def __init__(self, stage: Offloader, store: ToolResultStore, cfg: Config) -> None:
         self.stage = stage
+        self.pipeline = Pipeline(
+            offloader=stage,
+            planner=Planner(cfg.compaction, RequestCounter(TokenCounter()), ContextWindows({}), None),
+            compactor=NullCompactor(), counter=RequestCounter(TokenCounter()), originals=store,
+            timed_ageing=False, old_max_bytes=cfg.offload.old_max_bytes, stages=[stage],
+        )
 
-    def __call__(self, messages: list[dict[str, Any]], request: RequestView) -> StageOutcome:
-        return asyncio.run(self.stage(messages, request))
+    def __call__(self, messages: list[dict[str, Any]], request: RequestView) -> PipelineResult:
+        return asyncio.run(self.pipeline.run(dataclasses.replace(request, history=messages)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stage, name)
@@ -47,7 +61,7 @@ class SyncStage:
 def make_stage(tmp_path: Path, **offload: Any) -> tuple[SyncStage, ToolResultStore, Config]:
     cfg = config_from_mapping({"offload": offload, "storage": {"data_dir": str(tmp_path)}})
     store = ToolResultStore(tmp_path, cfg.storage.tool_result_ttl_days)
-    return SyncStage(OffloadStage(cfg.offload, cfg.retrieval, store)), store, cfg
+    return SyncStage(Offloader(cfg.offload, cfg.retrieval, tmp_path), store, cfg), store, cfg
 
 
 def view(messages: list[dict[str, Any]]) -> RequestView:

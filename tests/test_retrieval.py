@@ -149,13 +149,20 @@ def test_read_tool_refuses_foreign_paths(make_proxy: ProxyFactory, fake: FakeUps
     assert result.startswith("error:") and "root:" not in result
 
 
-def test_max_rounds_then_no_read_tool(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+def test_max_rounds_then_a_limit_notice_with_the_same_tools(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    """Past max_rounds the model's read calls are answered with a notice that reading is over
+    for this turn, then it is asked once more; the tools array is the same in every round (a
+    changed tools array would discard the provider's prompt cache)."""
     model = Reader(fake, forever=True)
     srv = make_proxy({"retrieval": {"max_rounds": 2}})
     resp = chat(srv).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
-    assert model.calls == 3
-    last = fake.received[-1].json()
-    assert "tools" not in last  # the last round offers no read tool
+    assert model.calls == 4  # two reads, the limit notice, and the final answer
+    rounds = [r.json() for r in fake.received]
+    assert all(r["tools"] == rounds[0]["tools"] for r in rounds)
+    notice = rounds[-1]["messages"][-1]
+    assert notice["role"] == "tool" and "limit of 2 reads" in notice["content"]
     assert resp.choices[0].message.tool_calls is None  # the read call is not handed to the client
 
 

@@ -1,38 +1,30 @@
 """Compactions prepared in the background (pre-compaction, SPEC section 5).
 
-Past `precompact_ratio` the engine starts the summary the threshold request will need; the
+Past `precompact_ratio` the planner asks for the summary the threshold request will need; its
 summarizer call runs as a task held here, in memory, until a request uses it (or it is pushed
-out). A prepared summary is persisted only when a request actually uses it.
+out, and cancelled). A prepared summary is persisted only when a request actually uses it.
+There is at most one per session state (the summary it would merge), so the threshold request
+finds it by a lookup.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..lru import LRU
 from ..store.summaries import SummaryRecord
+from .planner import Plan
 
 log = logging.getLogger("proxy.pipeline")
 
 # Prepared summaries hold their evicted messages until used; bound the memory they pin.
 _PREPARED_LIMIT = 64
 
-FlightKey = tuple[str, str, str]  # tenant, session, chain of the last replaced message
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """One compaction: replace messages[head:cut] (merging `previous`) by a summary."""
-
-    head: int
-    start: int
-    cut: int
-    cut_chain: str
-    previous: SummaryRecord | None
+State = tuple[str, str, str | None]  # tenant, session, chain of the summary it merges
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,56 +33,50 @@ class _Prepared:
     task: asyncio.Task[SummaryRecord]
 
 
-def _previous_chain(plan: Plan) -> str | None:
-    return plan.previous.chain if plan.previous is not None else None
-
-
 class PreparedCompactions:
-    """At most one prepared compaction per (session, state), `_PREPARED_LIMIT` in all."""
-
     def __init__(self) -> None:
-        self._items: OrderedDict[FlightKey, _Prepared] = OrderedDict()
+        self._items: LRU[State, _Prepared] = LRU(_PREPARED_LIMIT, on_evict=_cancel)
         self.started = 0
 
-    def __contains__(self, key: FlightKey) -> bool:
-        return key in self._items
-
     def start(
-        self, key: FlightKey, plan: Plan, work: Callable[[], Coroutine[Any, Any, SummaryRecord]]
+        self, tenant: str, session: str, plan: Plan,
+        work: Callable[[], Coroutine[Any, Any, SummaryRecord]],
     ) -> None:
-        """Run `work()` for `plan` unless this session already prepares from the same state."""
-        tenant, session, _ = key
-        prev = _previous_chain(plan)
-        for (t, s, _), prepared in self._items.items():
-            if (t, s) == (tenant, session) and _previous_chain(prepared.plan) == prev:
-                return  # one prepared compaction per state: the threshold request reuses it
+        """Run ``work()`` for ``plan`` unless this session already prepares from that state."""
+        state = (tenant, session, plan.previous_chain)
+        if state in self._items:
+            return  # one per state: the threshold request reuses it
         task = asyncio.ensure_future(work())
         task.add_done_callback(_quiet)
-        self._items[key] = _Prepared(plan, task)
+        self._items.put(state, _Prepared(plan, task))
         self.started += 1
-        while len(self._items) > _PREPARED_LIMIT:
-            _, old = self._items.popitem(last=False)
-            old.task.cancel()
-
-    def take(self, key: FlightKey) -> asyncio.Task[SummaryRecord] | None:
-        prepared = self._items.pop(key, None)
-        return prepared.task if prepared is not None else None
 
     def plan_for(
         self, tenant: str, session: str, chains: Sequence[str], previous: SummaryRecord | None
     ) -> Plan | None:
-        """A compaction prepared from this history's current state, if any."""
-        prev = previous.chain if previous is not None else None
-        for (t, s, chain), prepared in reversed(self._items.items()):
-            plan = prepared.plan
-            if (t, s) != (tenant, session) or plan.cut > len(chains):
-                continue
-            if chains[plan.cut - 1] == chain and _previous_chain(plan) == prev:
-                return plan
+        """The compaction prepared from this history's current state, if it still applies."""
+        found = self._items.get((tenant, session, previous.chain if previous else None))
+        if found is None:
+            return None
+        plan = found.plan
+        if plan.cut <= len(chains) and chains[plan.cut - 1] == plan.cut_chain:
+            return plan
         return None
 
+    def take(self, tenant: str, session: str, plan: Plan) -> asyncio.Task[SummaryRecord] | None:
+        """The running summary task for ``plan``, removed from here (its caller owns it)."""
+        state = (tenant, session, plan.previous_chain)
+        found = self._items.get(state)
+        if found is None or found.plan.cut_chain != plan.cut_chain:
+            return None
+        self._items.pop(state)
+        return found.task
+
+    def busy(self, tenant: str, session: str, plan: Plan) -> bool:
+        return (tenant, session, plan.previous_chain) in self._items
+
     async def close(self) -> None:
-        tasks = [p.task for p in self._items.values()]
+        tasks = [p.task for _, p in self._items.items()]
         self._items.clear()
         for task in tasks:
             task.cancel()
@@ -99,6 +85,10 @@ class PreparedCompactions:
                 await task
             except BaseException:
                 pass
+
+
+def _cancel(_: State, old: _Prepared) -> None:
+    old.task.cancel()  # pushed out: nobody will use it
 
 
 def _quiet(task: asyncio.Task[Any]) -> None:

@@ -16,9 +16,8 @@ the forwarded prefix changes only when W jumps.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-Message = dict[str, Any]
+from .model import Message
 
 
 def tool_turns(messages: Sequence[Message]) -> tuple[dict[int, int], int]:
@@ -68,3 +67,13 @@ def aged_upto(
             watermark = aged
             pending = 0
     return watermark
+
+
+def aged_at(history: Sequence[Message], seen: int, recent_n: int) -> int:
+    """The watermark of stage 2 timed to a compaction made when the history held ``seen``
+    messages: every turn that had aged by then is re-cut, at the same moment the summary
+    changed the prefix anyway (so the prefix breaks once per compaction, not twice)."""
+    if seen <= 0:
+        return 0
+    _, turns_then = tool_turns(history[:seen])
+    return max(turns_then - recent_n, 0)

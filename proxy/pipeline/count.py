@@ -9,11 +9,11 @@ no canonical-JSON hashing; everything else goes through TokenCounter's per-messa
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..lru import LRU
+from .model import Message, RequestView, StageOutcome
 from .tokens import REPLY_PRIMING, TokenCounter
 
 # Text at least this long is counted through the content cache (and off the event loop when
@@ -26,26 +26,16 @@ class RequestCounter:
 
     def __init__(self, counter: TokenCounter, *, cache_chars: int = 256 * 1024 * 1024) -> None:
         self.counter = counter
-        self._texts: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._chars = 0
-        self._limit = cache_chars
-        self._lock = threading.Lock()
+        # Sized by the text each entry pins.
+        self._texts: LRU[tuple[str, str], int] = LRU(cache_chars, lambda key, _: len(key[1]))
 
     def _big_text(self, text: str, model: str) -> int:
         key = (self.counter.encoding_name(model), text)
-        with self._lock:
-            hit = self._texts.get(key)
-            if hit is not None:
-                self._texts.move_to_end(key)
-                return hit
+        hit = self._texts.get(key)
+        if hit is not None:
+            return hit
         n = self.counter.count_text(text, model)
-        with self._lock:
-            if key not in self._texts:
-                self._texts[key] = n
-                self._chars += len(text)
-                while self._chars > self._limit and len(self._texts) > 1:
-                    (_, old), _ = self._texts.popitem(last=False)
-                    self._chars -= len(old)
+        self._texts.put(key, n)
         return n
 
     def _message(self, msg: Any, model: str) -> int:
@@ -71,12 +61,11 @@ class RequestCounter:
     def needs_work(self, messages: Sequence[Any], model: str) -> bool:
         """True when some big text is not cached yet (worth moving to a worker thread)."""
         enc = self.counter.encoding_name(model)
-        with self._lock:
-            for m in messages:
-                content = m.get("content") if isinstance(m, dict) else None
-                if isinstance(content, str) and len(content) >= BIG_TEXT:
-                    if (enc, content) not in self._texts:
-                        return True
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str) and len(content) >= BIG_TEXT:
+                if (enc, content) not in self._texts:
+                    return True
         return False
 
     async def ready(self, model: str) -> None:
@@ -96,19 +85,17 @@ class RequestCounter:
 
 
 class CountStage:
-    """Last stage: tokens the client sent (originals) and tokens forwarded."""
+    """Last stage: tokens the client sent (originals) and tokens forwarded. Pure (CPU only;
+    the runner moves large requests off the event loop)."""
 
     name = "count"
 
     def __init__(self, counter: RequestCounter) -> None:
         self.counter = counter
 
-    async def __call__(self, messages: list[Any], request: Any) -> Any:
-        from . import StageOutcome
-
-        tools = request.body.get("tools")
-        tools = tools if isinstance(tools, list) else None
-        out = await self.counter.request_async(messages, request.model, tools)
-        sent = request.body["messages"]
-        inn = out if sent is messages else await self.counter.request_async(sent, request.model, tools)
+    def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
+        tools = request.tool_schemas
+        out = self.counter.request(messages, request.model, tools)
+        sent = request.messages
+        inn = out if sent is messages else self.counter.request(sent, request.model, tools)
         return StageOutcome(messages, False, {"tokens_in": inn, "tokens_out": out})

@@ -1,33 +1,36 @@
-"""The offload stage: two-stage truncation of tool results (SPEC section 4).
+"""The offload stage: two-stage truncation of tool results (SPEC section 4). Pure.
 
-Stage 1 cuts a tool result over `recent_max_bytes + slack_bytes` and saves the original under
+Stage 1 cuts a tool result over `recent_max_bytes + slack_bytes`, whose original is kept under
 `tool_result/<id>.txt`; stage 2 cuts results of aged tool-call turns (see `ageing`) down to
 `old_max_bytes`. Both cuts are computed from the original the client resends, so the forwarded
 text depends only on the history and the config: the same history always forwards the same
 bytes. Results of the client's own read tools point back to that tool and the original path.
+
+The stage returns the originals its cuts point at as effects (:class:`FileWrite`); the runner
+saves the ones not on disk yet before the request is forwarded, and forwards uncut a result
+whose original could not be saved (:mod:`proxy.pipeline.runner`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from ..config import OffloadConfig, ReadTool, RetrievalConfig
+from ..lru import LRU
 from ..session import Identity
-from ..store.tool_results import ToolResultStore, relative_path, result_id
-from ..writes import Mode, Writes
-from . import Message, RequestView, StageOutcome, ageing
+from ..store.paths import tool_result_file
+from ..store.tool_results import relative_path, result_id
+from . import ageing
+from .model import FileWrite, Message, RequestView, StageOutcome
 from .notice import parse_notice
 from .truncate import recut, truncate
-
-log = logging.getLogger("proxy.pipeline")
+from .turns import RESULT_ROLES
 
 _MARKDOWN = (".md", ".mdx", ".markdown")
 
@@ -124,34 +127,34 @@ def read_calls(
     return found
 
 
-# A deferred write: (message index, result id, original text).
-_Pending = tuple[int, str, str]
+class Offloader:
+    """The offload stage, pure: the cuts, and the originals they need kept (:class:`FileWrite`).
 
+    Cuts are cached per (tenant, session, original) and budget, so a resent history costs a
+    dictionary probe per result, and asking for the same history under another ageing state
+    (the compaction in use changed) computes only the cuts that state adds.
+    """
 
-class OffloadStage:
     name = "offload"
 
     def __init__(
         self,
         config: OffloadConfig,
         retrieval: RetrievalConfig,
-        store: ToolResultStore,
+        data_dir: Path,
         *,
         cache_bytes: int = 256 * 1024 * 1024,
-        defer_ageing: bool = False,
         files_url: str = "http://127.0.0.1:4000/files",
     ) -> None:
         self.config = config
-        # With compaction on and the batched policy, stage 2 is timed to compactions by the
-        # compaction stage (see `run`): the prefix then breaks once per compaction, not twice.
-        self.defer_ageing = defer_ageing
         self.tool = retrieval.tool_name
         self.retrieval = retrieval
         self.files_url = files_url.rstrip("/")
-        self.store = store
-        self._cache: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
-        self._cache_bytes = cache_bytes
-        self._cached = 0
+        self.data_dir = Path(data_dir)
+        # Sized by the original each entry pins.
+        self._cache: LRU[tuple[str, str, str], _Entry] = LRU(
+            cache_bytes, lambda key, _: len(key[2])
+        )
         # The smallest size any cut applies to: anything at or below it is never touched.
         self._floor = min(config.old_max_bytes, config.recent_max_bytes) + config.slack_bytes
 
@@ -167,15 +170,10 @@ class OffloadStage:
     def _entry(self, tenant: str, session: str, text: str) -> _Entry:
         key = (tenant, session, text)
         entry = self._cache.get(key)
-        if entry is not None:
-            self._cache.move_to_end(key)
-            return entry
-        entry = _Entry(result_id(tenant, session, text), len(text.encode("utf-8", "surrogatepass")), {})
-        self._cache[key] = entry
-        self._cached += len(text)
-        while self._cached > self._cache_bytes and len(self._cache) > 1:
-            (_, _, old), _ = self._cache.popitem(last=False)
-            self._cached -= len(old)
+        if entry is None:
+            size = len(text.encode("utf-8", "surrogatepass"))
+            entry = _Entry(result_id(tenant, session, text), size, {})
+            self._cache.put(key, entry)
         return entry
 
     def _target(self, identity: Identity, rid: str) -> dict[str, Any]:
@@ -183,8 +181,10 @@ class OffloadStage:
         mode = self.retrieval.mode
         if mode == "client":
             spec = self.retrieval.client_tool
-            path = self.store.path(identity.tenant, identity.session, rid).resolve()
-            return {"file_path": str(path), "tool": self.retrieval.client_tool_name,
+            path = os.path.abspath(
+                tool_result_file(self.data_dir, identity.tenant, identity.session, rid)
+            )
+            return {"file_path": path, "tool": self.retrieval.client_tool_name,
                     "path_arg": spec.path_arg, "line_arg": spec.line_arg or "start_line",
                     "byte_arg": None}
         if mode == "none":
@@ -224,84 +224,19 @@ class OffloadStage:
         return max(now - later, 0)
 
     def _offload(
-        self, identity: Identity, text: str, budget: int, read: ReadCall | None,
-        defer: list[_Pending] | None = None, at: int = -1,
-    ) -> tuple[str | None, bool, bool]:
-        """Cut `text` to `budget` and make sure its original is saved.
-
-        Returns (the cut text or None when it fits, whether a file was written now, whether
-        saving failed). A file that cannot be written means no cut: degrade, never drop.
-        With `defer`, a file that must be written is appended to it as (`at`, id, text)
-        instead; the caller writes it (off the event loop) before the cut is forwarded.
-        """
+        self, identity: Identity, text: str, budget: int, read: ReadCall | None
+    ) -> tuple[str | None, str]:
+        """``text`` cut to ``budget`` (None when it fits) and the id of its original."""
         entry = self._entry(identity.tenant, identity.session, text)
-        new = self._cut(entry, text, budget, read, identity)
-        if new is None:
-            return None, False, False
-        try:
-            if defer is None:
-                return new, self.store.save(identity.tenant, identity.session, entry.rid, text), False
-            if self.store.needs_write(identity.tenant, identity.session, entry.rid, text):
-                defer.append((at, entry.rid, text))
-                return new, True, False
-            return new, False, False
-        except (OSError, ValueError) as exc:
-            log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
-            return None, False, True
+        return self._cut(entry, text, budget, read, identity), entry.rid
 
-    async def _stage(
-        self, identity: Identity, files: list[_Pending], writes: Writes, failed: set[str]
-    ) -> None:
-        """A key the provider has not accepted yet: its originals are written durably where no
-        tenant owns them, moved into place once the provider accepts the key and deleted when
-        it rejects it (:mod:`proxy.writes`)."""
-        store = self.store
-
-        def stage() -> list[tuple[str, str, int]]:
-            staged = []
-            for _, rid, text in files:
-                try:
-                    staged.append((rid, *store.stage(rid, text)))
-                except (OSError, ValueError) as exc:
-                    log.warning("offload: cannot save tool result (%s); forwarding uncut",
-                                _why(exc))
-                    failed.add(rid)
-            return staged
-
-        staged = await asyncio.to_thread(stage)
-
-        def promote() -> int:
-            for rid, token, _ in staged:
-                store.promote(identity.tenant, identity.session, rid, token)
-            return sum(size for _, _, size in staged)
-
-        def discard() -> None:
-            for _, token, _ in staged:
-                store.discard(token)
-
-        if staged:
-            await writes.write(promote, undo=discard)
-
-    def _write_all(self, identity: Identity, files: list[_Pending]) -> tuple[int, set[str]]:
-        """Write deferred originals; returns the bytes written and the ids that could not be."""
-        failed: set[str] = set()
-        written = 0
-        for _, rid, text in files:
-            try:
-                written += self.store.write(identity.tenant, identity.session, rid, text)
-            except (OSError, ValueError) as exc:
-                log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
-                failed.add(rid)
-        return written, failed
-
-    def harder(self, messages: list[Message], identity: Identity, budget: int) -> list[Message]:
-        """The last resort when even the newest turn is over budget: cut every tool result
-        down to `budget`, offloading any that had not been (a message's own text is then
-        its original)."""
+    def harder(self, messages: list[Message], identity: Identity, budget: int) -> StageOutcome:
+        """Every tool result cut down to ``budget`` (the last resort when even the kept turns
+        are over the threshold); a result not offloaded before needs its original kept."""
         out = list(messages)
-        changed = False
+        files: list[FileWrite] = []
         for i, m in enumerate(messages):
-            if m.get("role") not in ("tool", "function"):
+            if m.get("role") not in RESULT_ROLES:
                 continue
             text = _text_of(m.get("content"))
             if text is None or 4 * len(text) <= budget:
@@ -309,64 +244,28 @@ class OffloadStage:
             if parse_notice(text) is not None:
                 new = recut(text, budget)
             else:
-                new, _, _ = self._offload(identity, text, budget, None)
+                new, rid = self._offload(identity, text, budget, None)
+                if new is not None:
+                    files.append(FileWrite(i, rid, text))
             if new is not None:
                 out[i] = _with_text(m, new)
-                changed = True
-        return out if changed else messages
+        changed = any(a is not b for a, b in zip(out, messages, strict=True))
+        return StageOutcome(out if changed else messages, changed, {}, tuple(files))
 
     # -- the stage -------------------------------------------------------------------------
 
-    async def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
-        # New originals are written (fsynced, ms each) in a worker thread, never on the event
-        # loop; a resent history only stats its files.
-        files: list[_Pending] = []
-        outcome = self.run(messages, request, aged_turns=0 if self.defer_ageing else None,
-                           defer=files)
-        if not files:
-            return outcome
-        failed: set[str] = set()
-
-        def job() -> int:
-            written, bad = self._write_all(request.identity, files)
-            failed.update(bad)
-            return written
-
-        writes = request.writes
-        # A cut is forwarded only once its original is on disk. A tenant over quota writes
-        # nothing: its new results go uncut (those already saved stay cut).
-        refused = writes is not None and writes.mode is Mode.OFF
-        if refused:
-            failed = {rid for _, rid, _ in files}
-        elif writes is None:
-            await asyncio.to_thread(job)
-        elif writes.mode is Mode.HELD:
-            await self._stage(request.identity, files, writes, failed)
-        else:
-            await writes.write(job)
-        if not failed:
-            return outcome
-        out = list(outcome.messages)
-        undone = {i for i, rid, _ in files if rid in failed}
-        for i in undone:
-            out[i] = messages[i]
-        stats = dict(outcome.stats)
-        stats["offloaded"] -= len(undone)
-        stats["files_written"] -= len(undone)
-        if not refused:
-            stats["offload_errors"] += len(undone)
-        changed = stats["offloaded"] > 0
-        return StageOutcome(out if changed else messages, changed, stats)
+    def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
+        """Both stages, ageing by the configured policy alone (no compaction in use)."""
+        return self.run(messages, request, aged_turns=None)
 
     def run(
-        self, messages: list[Message], request: RequestView, *, aged_turns: int | None,
-        defer: list[_Pending] | None = None,
+        self, messages: list[Message], request: RequestView, *, aged_turns: int | None
     ) -> StageOutcome:
-        """Both stages; `aged_turns` re-cuts the results of the first that many tool-call
+        """Both stages; ``aged_turns`` re-cuts the results of the first that many tool-call
         turns (None: decide by the age policy)."""
         texts: dict[int, str] = {}
         for i, m in enumerate(messages):
-            if m.get("role") in ("tool", "function"):
+            if m.get("role") in RESULT_ROLES:
                 text = _text_of(m.get("content"))
                 if text is not None and 4 * len(text) > self._floor:
                     texts[i] = text
@@ -390,7 +289,8 @@ class OffloadStage:
             aged_upto = min(aged_turns, max(turns - self.config.recent_n, 0))
 
         out = list(messages)
-        offloaded = files_written = errors = saved = 0
+        files: list[FileWrite] = []
+        offloaded = saved = 0
         for i, text in texts.items():
             m = messages[i]
             aged = turn_of.get(i, turns) < aged_upto
@@ -401,20 +301,13 @@ class OffloadStage:
                 # again; stage 2 only rewrites the excerpt.
                 new = recut(text, budget) if aged else None
             else:
-                new, wrote, failed = self._offload(request.identity, text, budget, read, defer, i)
-                files_written += wrote
-                errors += failed
+                new, rid = self._offload(request.identity, text, budget, read)
+                if new is not None:
+                    files.append(FileWrite(i, rid, text))
             if new is not None:
                 out[i] = _with_text(m, new)
                 offloaded += 1
                 saved += len(text) - len(new)
         changed = offloaded > 0
-        stats: dict[str, int] = {"offloaded": offloaded, "files_written": files_written, "offload_errors": errors,
-                 "offload_chars_saved": saved, "aged_turns": aged_upto}
-        return StageOutcome(out if changed else messages, changed, stats)
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return f"{os.strerror(exc.errno)}"
-    return type(exc).__name__
+        stats = {"offloaded": offloaded, "offload_chars_saved": saved, "aged_turns": aged_upto}
+        return StageOutcome(out if changed else messages, changed, stats, tuple(files))

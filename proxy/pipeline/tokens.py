@@ -30,7 +30,6 @@ import functools
 import hashlib
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from proxy import tokenizer_data
+from proxy.lru import LRU
 
 from .media import FILE_REFERENCE_TOKENS, image_dimensions_from_data_url, image_tokens
 from .token_rules import (
@@ -164,8 +164,8 @@ class TokenCounter:
         """``use_tiktoken=False`` forces the utf8/4 estimate (tests, or a deliberate fast mode)."""
         self._cache_size = max(0, cache_size)
         self._use_tiktoken = use_tiktoken
-        self._cache: OrderedDict[tuple[bytes, str], int] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        self._cache: LRU[tuple[bytes, str], int] = LRU(max(self._cache_size, 1))
+        self._stats_lock = threading.Lock()
         self._load_lock = threading.Lock()
         self._encodings: dict[str, Encoding | None] = {}
         self._counters: dict[str, TextCounter] = {}
@@ -270,8 +270,8 @@ class TokenCounter:
         return len(self._cache)
 
     def clear_cache(self) -> None:
-        with self._cache_lock:
-            self._cache.clear()
+        self._cache.clear()
+        with self._stats_lock:
             self.cache_hits = 0
             self.cache_misses = 0
 
@@ -284,19 +284,14 @@ class TokenCounter:
             # Not JSON (never the case for parsed requests): count without caching.
             return compute()
         key = (hashlib.blake2b(kind + canonical, digest_size=16).digest(), encoding)
-        with self._cache_lock:
-            hit = self._cache.get(key)
+        hit = self._cache.get(key)
+        with self._stats_lock:
             if hit is not None:
-                self._cache.move_to_end(key)
                 self.cache_hits += 1
                 return hit
             self.cache_misses += 1
         result = compute()
-        with self._cache_lock:
-            self._cache[key] = result
-            self._cache.move_to_end(key)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        self._cache.put(key, result)
         return result
 
     # ---------------------------------------------------------------- messages

@@ -49,11 +49,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-# Same alias as proxy.pipeline.Message, restated so that proxy.pipeline may import this module
-# without an import cycle.
-Message = dict[str, Any]
+from .model import Message
 
 __all__ = ["LEADING_ROLES", "RESULT_ROLES", "Split", "leading_system_count", "split", "units"]
 

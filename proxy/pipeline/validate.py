@@ -49,11 +49,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Same alias as proxy.pipeline.Message, restated so that proxy.pipeline may import this module
-# without an import cycle.
+from .model import Message, RequestView, StageOutcome
+
 _log = logging.getLogger("proxy.pipeline")
 
-Message = dict[str, Any]
 
 __all__ = ["PLACEHOLDER", "Validation", "is_valid", "validate"]
 
@@ -227,9 +226,7 @@ class ValidateStage:
 
     name = "validate"
 
-    def __call__(self, messages: list[Message], request: object) -> Any:
-        from . import StageOutcome  # the package imports stages, not the other way round
-
+    def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
         result = validate(messages)
         if result.changed:
             _log.warning("repaired the message list before forwarding: %s", "; ".join(result.repairs))

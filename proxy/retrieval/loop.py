@@ -13,19 +13,22 @@ the client could neither run them nor continue with a half-answered turn.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
+from starlette.types import Send
 from yarl import URL
 
+from ..asgi import Headers, send_whole
 from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
-from ..relay import Headers, Send, read_whole, redact_secret, send_whole, sse_error_event
 from ..session import Identity
 from ..upstream.http import Upstream, response_headers
+from ..upstream.relay import read_whole, redact_secret, sse_error_event
 from ..upstream.sse import SSEDecoder
 from .tool import ReadTool
 
@@ -71,34 +74,53 @@ def _split_calls(msg: dict[str, Any], name: str) -> tuple[list[Any], list[Any]]:
     return ours, theirs
 
 
-def _results(tool: ReadTool, identity: Identity, calls: list[Any]) -> list[dict[str, Any]]:
-    return [
-        {"role": "tool", "tool_call_id": c.get("id"),
-         "content": tool.run(identity, (c.get("function") or {}).get("arguments") or "{}")}
-        for c in calls
-    ]
+def _request(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    # The tools stay as they are in every round: a tools array that changed from one round
+    # (or turn) to the next would discard the provider's prompt cache.
+    return {**body, "messages": messages}
 
 
-def _request(body: dict[str, Any], messages: list[dict[str, Any]], tool: ReadTool, last: bool) -> dict[str, Any]:
-    req = {**body, "messages": messages}
-    if last:  # the final round cannot read any more: offer only the client's own tools
-        tools = [t for t in req.get("tools") or [] if (t.get("function") or {}).get("name") != tool.name]
-        req["tools"] = tools
-        if not tools:
-            req.pop("tools")
-            req.pop("tool_choice", None)
-            req.pop("parallel_tool_calls", None)
-    return req
+class Reader:
+    """The read tool for one upstream: when it is needed, its definition, and the loop."""
 
+    enabled = True
 
-class ReadLoop:
     def __init__(self, upstream: Upstream, tool: ReadTool, max_rounds: int) -> None:
         self.upstream = upstream
         self.tool = tool
         self.max_rounds = max_rounds
 
+    def needed(self, messages: Sequence[Any]) -> bool:
+        return self.tool.needed(messages)
+
+    def with_tool(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.tool.with_tool(body)
+
+    async def _results(
+        self, identity: Identity, calls: list[Any], rounds: int, settled: Settled
+    ) -> list[dict[str, Any]]:
+        """The results of the proxy's own calls: the reads (off the event loop, after the
+        files they read are written), or, past ``max_rounds``, a notice that reading is over
+        for this turn (the model then answers with what it has)."""
+        if rounds >= self.max_rounds:
+            text = (f"error: the limit of {self.max_rounds} reads for this turn is reached; "
+                    "continue with what you have read")
+            return [{"role": "tool", "tool_call_id": c.get("id"), "content": text} for c in calls]
+        if settled is not None:
+            await settled()
+        tool = self.tool
+
+        def run() -> list[dict[str, Any]]:
+            return [
+                {"role": "tool", "tool_call_id": c.get("id"),
+                 "content": tool.run(identity, (c.get("function") or {}).get("arguments") or "{}")}
+                for c in calls
+            ]
+
+        return await asyncio.to_thread(run)
+
     def _scrub(self, status: int, payload: bytes) -> bytes:
-        """An error body passes through without the proxy's own key (see routes.forward_raw)."""
+        """An error body passes through without the proxy's own key (as the forwarder does)."""
         return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
 
     async def _post(
@@ -117,8 +139,8 @@ class ReadLoop:
         state = Rounds()
         messages = list(body["messages"])
         while True:
-            last = state.rounds >= self.max_rounds
-            resp = await self._post(url, headers, _request(body, messages, self.tool, last), on_status)
+            last = state.rounds > self.max_rounds
+            resp = await self._post(url, headers, _request(body, messages), on_status)
             async with resp:
                 payload = await read_whole(resp)
                 out_headers = response_headers(resp)
@@ -131,9 +153,7 @@ class ReadLoop:
             msg = data["choices"][0].get("message") or {}
             ours, theirs = _split_calls(msg, self.tool.name)
             if ours and not theirs and not last:
-                if settled is not None:
-                    await settled()
-                results = _results(self.tool, identity, ours)
+                results = await self._results(identity, ours, state.rounds, settled)
                 messages += [msg, *results]
                 state.internal += [msg, *results]
                 state.rounds += 1
@@ -171,9 +191,9 @@ class ReadLoop:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
         while True:
-            last = state.rounds >= self.max_rounds
+            last = state.rounds > self.max_rounds
             try:
-                resp = await self._post(url, headers, _request(body, messages, self.tool, last), on_status)
+                resp = await self._post(url, headers, _request(body, messages), on_status)
                 async with resp:
                     if resp.status != 200 or resp.content_type != "text/event-stream":
                         payload = self._scrub(resp.status, await read_whole(resp))
@@ -213,9 +233,7 @@ class ReadLoop:
             if rnd.ours and not rnd.theirs and not last:
                 calls = rnd.our_calls()
                 msg = {"role": "assistant", "content": rnd.text or None, "tool_calls": calls}
-                if settled is not None:
-                    await settled()
-                results = _results(self.tool, identity, calls)
+                results = await self._results(identity, calls, state.rounds, settled)
                 messages += [msg, *results]
                 state.internal += [msg, *results]
                 state.rounds += 1
@@ -360,3 +378,15 @@ def _drop_calls(choice: dict[str, Any], theirs: list[Any]) -> None:
         if choice.get("finish_reason") == "tool_calls":
             choice["finish_reason"] = "stop"
     choice["message"] = msg
+
+
+class NullReader:
+    """The read tool is off (``retrieval.mode`` other than proxy, or ``max_rounds: 0``)."""
+
+    enabled = False
+
+    def needed(self, messages: Sequence[Any]) -> bool:
+        return False
+
+    def with_tool(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body

@@ -21,12 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any, Final, Protocol
 
 import orjson
+
+from proxy.lru import LRU
 
 CHAIN_HEX: Final = 32
 _CHAIN_RE: Final = re.compile(r"[0-9a-f]{32}")
@@ -106,15 +106,10 @@ class DigestCache:
     few hundred bytes costs about what the probe does) and are skipped below ``min_bytes``.
     """
 
-    def __init__(
-        self, max_bytes: int = 64 << 20, max_entries: int = 65536, min_bytes: int = 1024
-    ) -> None:
+    def __init__(self, max_bytes: int = 64 << 20, min_bytes: int = 1024) -> None:
         self.max_bytes = max_bytes
-        self.max_entries = max_entries
         self.min_bytes = min_bytes
-        self._data: OrderedDict[Hashable, tuple[bytes, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._data: LRU[Hashable, tuple[bytes, int]] = LRU(max_bytes, lambda _, v: v[1])
         self.hits = 0
         self.misses = 0
 
@@ -122,32 +117,20 @@ class DigestCache:
         return len(self._data)
 
     def get(self, key: Hashable, /) -> bytes | None:
-        with self._lock:
-            entry = self._data.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._data.move_to_end(key)
-            self.hits += 1
-            return entry[0]
+        entry = self._data.get(key)
+        # Approximate under threads (unlocked +=): statistics only.
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return entry[0]
 
     def __setitem__(self, key: Hashable, value: bytes, /) -> None:
         self.put(key, value, self.min_bytes)
 
     def put(self, key: Hashable, digest: bytes, size: int) -> None:
-        if size < self.min_bytes or size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            self._data[key] = (digest, size)
-            self._bytes += size
-            while self._data and (
-                self._bytes > self.max_bytes or len(self._data) > self.max_entries
-            ):
-                _, (_, evicted) = self._data.popitem(last=False)
-                self._bytes -= evicted
+        if self.min_bytes <= size <= self.max_bytes:
+            self._data.put(key, (digest, size))
 
 
 def _digest(message: Any, cache: DigestCacheLike | None) -> bytes:

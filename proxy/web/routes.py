@@ -24,12 +24,12 @@ from typing import Any, Final
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from proxy.auth import Caller
 from proxy.errors import AuthRequired, BadRequest, NotFound, ProxyError
-from proxy.relay import Receive, Scope, Send
-from proxy.routes import runtime_of
-from proxy.runtime import Runtime
+from proxy.routes import services_of
+from proxy.services import Services
 from proxy.store.db import SessionRow, format_ts
 from proxy.store.dialog_read import parse_record
 from proxy.store.fs import Hidden, iter_chunks, list_files, open_dir, open_file, valid_name
@@ -65,7 +65,7 @@ class FilesApp:
         request = Request(scope, receive)
         ask = ask_of(request.headers, request.query_params, scope.get("root_path", ""))
         try:
-            rt = runtime_of(scope)
+            rt = services_of(scope)
             caller = rt.gate.caller(request.headers, files=True, login=ask.query.get("login") == "1")
             rest: str = scope.get("path_params", {}).get("rest", "")
             # Disk and database work happens off the event loop; chat traffic must not wait.
@@ -92,7 +92,7 @@ def _gone() -> NotFound:
     return NotFound("no such session or file")
 
 
-def _dispatch(rt: Runtime, caller: Caller, ask: Ask, rest: str) -> Response:
+def _dispatch(rt: Services, caller: Caller, ask: Ask, rest: str) -> Response:
     parts = rest.split("/") if rest else []
     if parts and parts[-1] == "":
         parts.pop()  # one trailing slash is harmless
@@ -146,37 +146,37 @@ def _session_row(row: SessionRow, base: str) -> dict[str, Any]:
     }
 
 
-def _index(rt: Runtime, caller: Caller, ask: Ask) -> dict[str, Any]:
-    rows = rt.db.sessions(caller.scope) if rt.db is not None else []
+def _index(rt: Services, caller: Caller, ask: Ask) -> dict[str, Any]:
+    rows = rt.sessions.sessions(caller.scope)
     return {
         "url": ask.base,
         "tenant": caller.scope,
         "master": caller.master,
-        "database": rt.db is not None,
+        "database": rt.database is not None,
         "sessions": [_session_row(r, ask.base) for r in rows],
     }
 
 
-def _known(rt: Runtime, tenant: str, session: str) -> SessionRow | bool:
+def _known(rt: Services, tenant: str, session: str) -> SessionRow | bool:
     """The session's counters, True for a directory without them, False when unknown."""
-    row = rt.db.session_stats(tenant, session) if rt.db is not None else None
+    row = rt.sessions.session_stats(tenant, session)
     if row is not None:
         return row
     try:
-        fd = open_dir(rt.config.storage.data_dir, [tenant, session])
+        fd = open_dir(rt.data_dir, [tenant, session])
     except Hidden:
         return False
     os.close(fd)
     return True
 
 
-def _session(rt: Runtime, tenant: str, session: str, ask: Ask) -> dict[str, Any]:
+def _session(rt: Services, tenant: str, session: str, ask: Ask) -> dict[str, Any]:
     known = _known(rt, tenant, session)
     if known is False:
         raise _gone()
-    data_dir = rt.config.storage.data_dir
+    data_dir = rt.data_dir
     url = f"{ask.base}/{tenant}/{session}"
-    history = rt.summaries.history(tenant, session) if rt.summaries is not None else []
+    history = rt.summaries.history(tenant, session)
     summaries = [
         {
             "name": rec.md_name,
@@ -271,23 +271,23 @@ def _stream(fd: int, size: int) -> Response:
 
 
 def _open(
-    rt: Runtime, tenant: str, session: str, kind: str, name: str
+    rt: Services, tenant: str, session: str, kind: str, name: str
 ) -> tuple[int, os.stat_result]:
     try:
-        return open_file(rt.config.storage.data_dir, [tenant, session, kind, name])
+        return open_file(rt.data_dir, [tenant, session, kind, name])
     except Hidden as exc:
         if kind == "tool_result" and exc.absent:
             raise _expired(rt, tenant, session, name) from None
         raise _gone() from None
 
 
-def _expired(rt: Runtime, tenant: str, session: str, name: str) -> NotFound:
+def _expired(rt: Services, tenant: str, session: str, name: str) -> NotFound:
     """The store's own explanation for a file that is gone from a session the caller owns
     (the path was checked: nothing, not even a symlink, has that name)."""
     if _known(rt, tenant, session) is False:
         return _gone()
     try:
-        rt.tool_results.read(tenant, session, name.removesuffix(".txt"))
+        rt.originals.read(tenant, session, name.removesuffix(".txt"))
     except OffloadedFileMissing as exc:
         return NotFound(str(exc))
     except (OSError, ValueError):
@@ -296,7 +296,7 @@ def _expired(rt: Runtime, tenant: str, session: str, name: str) -> NotFound:
 
 
 def _paged(
-    rt: Runtime, tenant: str, session: str, kind: str, name: str, ask: Ask, page: int,
+    rt: Services, tenant: str, session: str, kind: str, name: str, ask: Ask, page: int,
     view: render.Page, content: Callable[[Window], dict[str, Any]],
 ) -> Response:
     """A file as raw text (whole or a window), or one page of it as HTML/JSON."""
@@ -350,7 +350,7 @@ def _records(window: Window) -> dict[str, Any]:
     return {"records": out}
 
 
-def _summary(rt: Runtime, tenant: str, session: str, name: str, ask: Ask) -> Response:
+def _summary(rt: Services, tenant: str, session: str, name: str, ask: Ask) -> Response:
     fd, info = _open(rt, tenant, session, "summaries", name)
     if ask.fmt != "json":
         return _stream(fd, info.st_size)  # markdown is shown as text, browsers included

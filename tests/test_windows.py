@@ -1,4 +1,4 @@
-"""Tests for proxy.models.ContextWindows (SPEC section 5, "Budget")."""
+"""Tests for proxy.compaction.windows.ContextWindows (SPEC section 5, "Budget")."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from proxy import tokenizer_data
-from proxy.models import DEFAULT_CONTEXT_WINDOW, ContextWindows
+from proxy.compaction.windows import DEFAULT_CONTEXT_WINDOW, ContextWindows
 
 
 @pytest.fixture(scope="module")

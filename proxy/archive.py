@@ -1,0 +1,221 @@
+"""The dialog archive service (SPEC section 6): what the client sent, before it is forwarded,
+and the answer, after it was relayed; plus the per-session counters.
+
+Agents resend their whole history every turn, so almost every message a request carries was
+archived before: an in-memory set of archived chains answers that without a thread hop or a
+query (the store stays the truth). Writes go through the request's :class:`proxy.writes.Writes`
+(a key the provider has not accepted yet, a tenant over quota).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from .background import Background
+from .lru import LRU
+from .metrics import Metrics
+from .session import Identity
+from .store.chains import DigestCacheLike, chain_hashes, chain_step
+from .store.dialog import FileSpan, RecordResult
+from .store.sessions import SessionCounters
+from .upstream.assemble import StreamAssembler, message_from_completion
+from .writes import Mode, Writes
+
+__all__ = ["AnswerTap", "Archive", "DialogStore", "NullArchive"]
+
+log = logging.getLogger("proxy.store")
+
+
+class DialogStore(Protocol):
+    """The archive's store (:class:`proxy.store.dialog.DialogArchive` on disk)."""
+
+    digest_cache: DigestCacheLike | None
+
+    def record(
+        self, tenant: str, session: str, messages: Sequence[Any], *,
+        chains: Sequence[str] | None = None, answer: dict[str, Any] | None = None,
+        now: datetime | None = None,
+    ) -> RecordResult: ...
+
+    def span(self, tenant: str, session: str, chains: Sequence[str], *,
+             exact: bool = False) -> list[FileSpan]: ...
+
+
+class AnswerTap:
+    """Sees the answer's bytes as they pass to the client, to archive it assembled."""
+
+    __slots__ = ("assembler", "body")
+
+    def __init__(self) -> None:
+        self.assembler: StreamAssembler | None = None
+        self.body: bytes | None = None
+
+    def stream(self, chunk: bytes) -> None:
+        if self.assembler is None:
+            self.assembler = StreamAssembler()
+        self.assembler.feed(chunk)
+
+    def whole(self, body: bytes) -> None:
+        self.body = body
+
+    def message(self) -> dict[str, Any] | None:
+        if self.assembler is not None:
+            return self.assembler.message()
+        if self.body is not None:
+            return message_from_completion(self.body)
+        return None
+
+
+class _KnownChains:
+    """Chains already archived, per session: a bounded set."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self._seen: LRU[tuple[str, str, str], bool] = LRU(limit)
+
+    def all_known(self, tenant: str, session: str, chains: Iterable[str]) -> bool:
+        return all(self._seen.get((tenant, session, c)) for c in chains)
+
+    def add(self, tenant: str, session: str, chains: Iterable[str]) -> None:
+        for c in chains:
+            self._seen.put((tenant, session, c), True)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+class Archive:
+    enabled = True
+
+    def __init__(
+        self,
+        store: DialogStore,
+        counters: SessionCounters,
+        background: Background,
+        metrics: Metrics,
+    ) -> None:
+        self.store = store
+        self.counters = counters
+        self.background = background
+        self.metrics = metrics
+        self.known = _KnownChains()
+
+    def chains(self, messages: Sequence[Any]) -> list[str]:
+        """Chain hashes of a history (CPU: a large one belongs in a worker thread); empty when
+        it cannot be hashed, which turns archive and compaction off for the request."""
+        try:
+            return chain_hashes(messages, self.store.digest_cache)
+        except Exception:  # unhashable content is the client's problem, not a reason to fail
+            log.exception("cannot hash the history; archive and compaction skip this request")
+            return []
+
+    def span(self, tenant: str, session: str, chains: Sequence[str]) -> list[FileSpan]:
+        return self.store.span(tenant, session, chains)
+
+    async def record_request(
+        self, identity: Identity, messages: Sequence[Any], chains: Sequence[str], writes: Writes
+    ) -> None:
+        """Archive what the client sent before anything can go wrong upstream (or, for a key
+        the provider has not accepted yet, once it has); never raises."""
+        if len(chains) != len(messages) or not writes.allowed:
+            return
+        tenant, session = identity.tenant, identity.session
+        if self.known.all_known(tenant, session, chains):
+            return  # a resent history: nothing new to write, no thread hop, no query
+        store = self.store
+
+        def job() -> int:
+            return store.record(tenant, session, messages, chains=chains).bytes_written
+
+        try:
+            await writes.write(job, lambda: self.known.add(tenant, session, chains))
+        except Exception as exc:
+            self.metrics.disk_errors.inc()
+            log.warning("dialog archive write failed (%s); forwarding anyway", exc)
+
+    def record_answer_later(
+        self,
+        identity: Identity,
+        messages: Sequence[Any],
+        chains: Sequence[str],
+        answer: dict[str, Any] | None,
+        stats: Mapping[str, int],
+        writes: Writes,
+        internal: Sequence[Any] = (),
+    ) -> None:
+        """After the response: archive the answer and count the turn, off the request's path.
+        Only for a request whose writes are on (a key the provider rejected, or a tenant over
+        its quota, leaves no trace)."""
+        if writes.mode is not Mode.NOW:
+            return
+        tenant, session = identity.tenant, identity.session
+        self.counters.add(
+            tenant, session, turns=1,
+            tokens_in=int(stats.get("tokens_in", 0)),
+            tokens_out=int(stats.get("tokens_out", 0)),
+            compactions=int(stats.get("compactions", 0)),
+            offloads=int(stats.get("offloaded", 0)),
+        )
+        if answer is None and not internal:
+            return
+        store = self.store
+        if not internal and len(chains) == len(messages):
+            answer_chain = chain_step(chains[-1] if chains else None, answer, store.digest_cache)
+            if self.known.all_known(tenant, session, (answer_chain,)):
+                return
+
+        def record() -> int:
+            if internal:
+                # The proxy's own read rounds: archived (lossless) as the continuation the
+                # model saw.
+                result = store.record(tenant, session, [*messages, *internal], answer=answer)
+            else:
+                result = store.record(tenant, session, messages, chains=chains, answer=answer)
+            if result.answer_chain is not None:
+                self.known.add(tenant, session, (result.answer_chain,))
+            return result.bytes_written
+
+        async def run() -> None:
+            try:
+                await writes.drain()  # the request's own held lines first, in order
+                await asyncio.to_thread(writes.write_sync, record)
+            except Exception as exc:
+                self.metrics.disk_errors.inc()
+                log.warning("recording the answer failed: %s", exc)
+
+        self.background.spawn(run())
+
+    def forget(self) -> None:
+        """Drop the in-memory shortcut (archived lines may have expired)."""
+        self.known.clear()
+
+
+class NullArchive:
+    """No store to archive into (the database could not be opened): nothing is recorded, and
+    without chains nothing is compacted either."""
+
+    enabled = False
+
+    def chains(self, messages: Sequence[Any]) -> list[str]:
+        return []
+
+    def span(self, tenant: str, session: str, chains: Sequence[str]) -> list[FileSpan]:
+        return []
+
+    async def record_request(
+        self, identity: Identity, messages: Sequence[Any], chains: Sequence[str], writes: Writes
+    ) -> None:
+        return None
+
+    def record_answer_later(
+        self, identity: Identity, messages: Sequence[Any], chains: Sequence[str],
+        answer: dict[str, Any] | None, stats: Mapping[str, int], writes: Writes,
+        internal: Sequence[Any] = (),
+    ) -> None:
+        return None
+
+    def forget(self) -> None:
+        return None

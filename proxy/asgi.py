@@ -1,0 +1,129 @@
+"""ASGI plumbing of the proxy's own side: bounded body reads, disconnect watching, whole
+responses, per-request timings. ASGI types are Starlette's (:mod:`starlette.types`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+
+from starlette.types import Receive, Scope, Send
+
+from .errors import ClientDisconnected, PayloadTooLarge, ProxyError
+
+__all__ = [
+    "JSON_CT",
+    "Headers",
+    "Timing",
+    "read_body",
+    "run_until_disconnect",
+    "send_error",
+    "send_whole",
+    "timing_of",
+]
+
+Headers = list[tuple[bytes, bytes]]
+
+JSON_CT = (b"content-type", b"application/json")
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """Read the whole request body, refusing early once it passes `limit` bytes."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = 0
+            if declared > limit:
+                raise PayloadTooLarge(f"request body of {declared} bytes exceeds {limit} bytes")
+            break
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected("client disconnected while sending the body")
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
+    """Run `work`; cancel it if the client goes away first. True when it was cancelled.
+
+    The request body has been read already, so the next `receive()` only ever yields the
+    disconnect; watching it is what lets a non-streaming call be cancelled too. The work runs
+    in the caller's task (one extra task per request, not two: this is the hot path).
+    """
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _wait_disconnect(receive)
+        gone = True
+        current.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        current.uncancel()
+        return True
+    finally:
+        watcher.cancel()
+    return False
+
+
+class Timing:
+    """Per-request figures the access log reads from `scope['state']`."""
+
+    __slots__ = ("pipeline_ms", "started", "upstream_ms")
+
+    def __init__(self) -> None:
+        self.upstream_ms: float | None = None
+        self.pipeline_ms: float | None = None
+        self.started = time.perf_counter()
+
+    def mark(self) -> None:
+        """The upstream answered (headers arrived): time since the call was made."""
+        self.upstream_ms = (time.perf_counter() - self.started) * 1000
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
+
+
+def timing_of(scope: Scope) -> Timing:
+    state = scope.setdefault("state", {})
+    timing = state.get("ctxproxy_timing")
+    if timing is None:
+        timing = state["ctxproxy_timing"] = Timing()
+    return timing  # type: ignore[no-any-return]
+
+
+async def send_whole(send: Send, status: int, headers: Headers, body: bytes) -> None:
+    """A complete response in two ASGI messages, with its content-length."""
+    headers = [*headers, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_error(send: Send, exc: ProxyError, extra: Headers | None = None) -> None:
+    await send_whole(send, exc.status, [JSON_CT, *(extra or [])], exc.body())

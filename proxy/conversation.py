@@ -1,0 +1,171 @@
+"""``POST /v1/chat/completions``: a conversation through the pipeline.
+
+    read body -> parse (format) -> tenant, session -> what may be written -> archive the request
+    -> pipeline -> write the forwarded body (only what changed) -> forward (raw, through the
+    read-tool loop, or through litellm) -> archive the answer after the response
+
+Every step is a call on a service (:mod:`proxy.services`); CPU-heavy steps of a large request
+(parsing, hashing, the pure stages, writing the body) run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from starlette.types import Receive, Scope, Send
+
+from .archive import AnswerTap
+from .asgi import JSON_CT, Headers, read_body, run_until_disconnect, send_whole, timing_of
+from .formats import chat
+from .metrics import Metrics
+from .pipeline.model import PipelineResult, RequestView
+from .retrieval.loop import Reader, Rounds
+from .routes import caller_of, header_map, services_of
+from .services import Services
+from .session import Identity, resolve
+from .writes import Mode, Writes
+
+__all__ = ["LARGE_BODY", "ChatCompletions", "ctx_headers"]
+
+log = logging.getLogger("proxy.access")
+
+T = TypeVar("T")
+
+# From this size on, parsing, hashing and the pure stages run in a worker thread: a thread hop
+# (~0.1 ms) is cheaper than blocking the event loop for a body this large.
+LARGE_BODY = 256 * 1024
+
+
+async def _cpu(large: bool, fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(fn, *args) if large else fn(*args)
+
+
+def ctx_headers(identity: Identity, result: PipelineResult, raw: bytes, out: bytes) -> Headers:
+    stats = result.stats
+    tokens_in = stats.get("tokens_in", len(raw) // 4)
+    tokens_out = stats.get("tokens_out", len(out) // 4)
+    return [
+        (b"x-ctxproxy-session", identity.session.encode()),
+        (b"x-ctxproxy-tokens-in", str(tokens_in).encode()),
+        (b"x-ctxproxy-tokens-out", str(tokens_out).encode()),
+        (b"x-ctxproxy-offloaded", str(stats.get("offloaded", 0)).encode()),
+        (b"x-ctxproxy-compacted", b"1" if stats.get("compacted", 0) else b"0"),
+    ]
+
+
+class ChatCompletions:
+    """POST /v1/chat/completions and /chat/completions."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        svc = services_of(scope)
+        caller = caller_of(scope)
+        raw = await read_body(scope, receive, svc.max_body)
+        large = len(raw) >= LARGE_BODY
+        body = await _cpu(large, chat.parse, raw, svc.config.server.max_messages)
+        identity = resolve(header_map(scope), body, tenant=caller.tenant)
+        model: str = body["model"]
+        params = svc.router.match(model)
+        # The provider judges the key only when it is the client's own and goes upstream.
+        judges = not caller.gated and params is None and svc.config.upstream.api_key is None
+        writes = svc.writes.for_request(
+            identity.tenant, provider_judges=judges, limit_mb=caller.max_disk_mb
+        )
+        sent = body["messages"]
+        chains = await _cpu(large, svc.archive.chains, sent)
+        await svc.archive.record_request(identity, sent, chains, writes)
+        view = RequestView(
+            model=model, body=body, identity=identity, chains=chains, headers=scope["headers"],
+            writes=writes, large=large,
+        )
+        result = await svc.pipeline.run(view)
+        timing_of(scope).pipeline_ms = result.elapsed_ms
+        _count(svc.metrics, result.stats)
+        forwarded = result.messages if result.changed else sent
+        reads = params is None and svc.reader.needed(forwarded)
+        if result.changed:
+            out = await _cpu(large, chat.write, raw, sent, result.messages)
+        else:
+            out = raw  # nothing changed: the upstream gets the client's bytes exactly
+        extra = ctx_headers(identity, result, raw, out)
+        if writes.mode is Mode.OFF:
+            extra.append((b"x-ctxproxy-quota", b"exceeded"))
+        tap = AnswerTap()
+        rounds = Rounds()
+        if params is not None:
+            work = _via_litellm(svc, params, {**body, "messages": forwarded}, extra, scope, send,
+                                tap)
+        elif reads and isinstance(svc.reader, Reader):
+            loop_body = svc.reader.with_tool({**body, "messages": forwarded})
+            work = _via_reads(svc.reader, svc, scope, send, loop_body, extra, tap, identity,
+                              rounds, writes)
+        else:
+            work = svc.forwarder.forward(
+                scope, send, "POST", "chat/completions", out, extra=extra,
+                stream_tap=tap.stream, whole_tap=tap.whole,
+                on_status=writes.settle, before_end=writes.drain, buffer_unknown=True,
+            )
+        disconnected = False
+        try:
+            disconnected = await run_until_disconnect(receive, work)
+            if disconnected:
+                log.info("client disconnected; upstream call cancelled (session %s)",
+                         identity.session)
+        finally:
+            writes.finish(disconnected=disconnected)
+            svc.archive.record_answer_later(
+                identity, sent, chains, tap.message(), result.stats, writes, rounds.internal
+            )
+
+
+async def _via_reads(
+    reader: Reader, svc: Services, scope: Scope, send: Send, body: dict[str, Any],
+    extra: Headers, tap: AnswerTap, identity: Identity, rounds: Rounds, writes: Writes,
+) -> None:
+    """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
+    up = svc.upstream
+    timing_of(scope).restart()
+    url = up.url("chat/completions", scope.get("query_string", b""))
+    headers = up.request_headers(scope["headers"])
+    if body.get("stream") is True:
+        done = await reader.stream(send, body, url, headers, extra, identity, tap.stream,
+                                   on_status=writes.settle, settled=writes.drain)
+    else:
+        done = await reader.non_stream(send, body, url, headers, extra, identity, tap.whole,
+                                       on_status=writes.settle, settled=writes.drain)
+    timing_of(scope).mark()
+    rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
+
+
+async def _via_litellm(
+    svc: Services, params: Mapping[str, Any], body: dict[str, Any], extra: Headers,
+    scope: Scope, send: Send, tap: AnswerTap,
+) -> None:
+    timing = timing_of(scope)
+    timing.restart()
+    answer = await svc.router.complete(params, body)
+    timing.mark()
+    if answer.chunks is not None:
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        await send(
+            {"type": "http.response.start", "status": answer.status, "headers": headers + extra}
+        )
+        async for chunk in answer.chunks:
+            tap.stream(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
+    payload = answer.body or b""
+    tap.whole(payload)
+    await send_whole(send, answer.status, [JSON_CT, *extra], payload)
+
+
+def _count(metrics: Metrics, stats: Mapping[str, int]) -> None:
+    metrics.tokens_in.inc(stats.get("tokens_in", 0))
+    metrics.tokens_out.inc(stats.get("tokens_out", 0))
+    if stats.get("offloaded"):
+        metrics.offloaded.inc(stats["offloaded"])
+    if stats.get("offload_errors"):
+        metrics.disk_errors.inc(stats["offload_errors"])

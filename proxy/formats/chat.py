@@ -1,0 +1,75 @@
+"""Chat completions (``POST /v1/chat/completions``): the pipeline's own message model, so reading
+is checking and writing is splicing the changed messages into the client's bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import BadRequest
+from ..pipeline.model import Message
+from . import json
+from .body import json_type, load_object, require_model
+
+__all__ = ["parse", "write"]
+
+
+def parse(raw: bytes, max_messages: int = 100_000) -> dict[str, Any]:
+    """The body, checked where the pipeline depends on it (anything else is the upstream's to
+    judge); a :class:`BadRequest` naming the field otherwise."""
+    body = load_object(raw)
+    require_model(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise BadRequest("'messages' is required and must be an array", param="messages")
+    if len(messages) > max_messages:
+        raise BadRequest(
+            f"'messages' has {len(messages)} entries; this proxy accepts at most {max_messages}",
+            param="messages",
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(
+                f"Invalid type for 'messages[{i}]': expected an object, but got "
+                f"{json_type(message)} instead.",
+                param=f"messages[{i}]",
+            )
+        # The fields the pipeline dispatches on.
+        for name, kind, expected in (("role", str, "a string"), ("tool_calls", list, "an array")):
+            value = message.get(name)
+            if value is not None and not isinstance(value, kind):
+                raise BadRequest(
+                    f"Invalid type for 'messages[{i}].{name}': expected {expected}, "
+                    f"but got {json_type(value)} instead.",
+                    param=f"messages[{i}].{name}",
+                )
+    return body
+
+
+def write(
+    raw: bytes,
+    originals: Sequence[Message],
+    messages: Sequence[Message] | None,
+    *,
+    tools: Sequence[Mapping[str, Any]] = (),
+) -> bytes:
+    """The client's body with ``messages`` (None: unchanged) and extra ``tools`` appended. A
+    message that is one of ``originals`` (the same object) is copied from the client's bytes."""
+    if messages is None and not tools:
+        return raw
+    members = json.members(raw)
+    replace: dict[str, bytes] = {}
+    if messages is not None:
+        items = json.array_items(members["messages"])
+        at = {id(m): i for i, m in enumerate(originals)}
+        replace["messages"] = json.join_array([
+            items[at[id(m)]] if id(m) in at else json.dumps(m) for m in messages
+        ])
+    if tools:
+        existing = json.array_items(members["tools"]) if _is_array(members.get("tools")) else []
+        replace["tools"] = json.join_array([*existing, *(json.dumps(t) for t in tools)])
+    return json.splice(members, replace)
+
+
+def _is_array(raw: bytes | None) -> bool:
+    return raw is not None and raw.lstrip()[:1] == b"["

@@ -1,0 +1,104 @@
+"""The pipeline's message model and the values its stages exchange.
+
+A :data:`Message` is a chat-completions message dict, whatever wire format the request came in
+(a format adapter, :mod:`proxy.formats`, reads a body into this model and writes back only what
+changed). Stages never mutate a message: a changed one is a new dict, an unchanged one is the
+very same object, which is how a format writer tells them apart.
+
+A stage is a pure function ``(messages, view) -> StageOutcome``: no network, no disk. What must
+happen in the world for its output to be valid (an original saved before a cut that points at it
+is forwarded) is returned as effects (:class:`FileWrite`), carried out by the pipeline's runner
+through the services (:mod:`proxy.pipeline.runner`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..session import Identity
+    from ..writes import Writes
+
+__all__ = [
+    "FileWrite",
+    "Message",
+    "PipelineResult",
+    "RequestView",
+    "Stage",
+    "StageOutcome",
+]
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What a stage may read about the request besides its messages."""
+
+    model: str
+    body: Mapping[str, Any]  # as the client sent it
+    identity: Identity
+    chains: Sequence[str] = ()  # chain hash per original message (see store.chains)
+    headers: Sequence[tuple[bytes, bytes]] = ()  # the client's, for calls made on its behalf
+    writes: Writes | None = None  # what the request may write (None: everything, now)
+    history: Sequence[Message] | None = None  # the originals in the model; None: body messages
+    tools: Sequence[Mapping[str, Any]] | None = None  # tool schemas (chat shape), for counting
+    large: bool = False  # big enough that CPU work moves off the event loop
+
+    @property
+    def messages(self) -> Sequence[Message]:
+        """The client's original messages, in the pipeline's model."""
+        if self.history is not None:
+            return self.history
+        found = self.body.get("messages")
+        return found if isinstance(found, list) else ()
+
+    @property
+    def tool_schemas(self) -> Sequence[Mapping[str, Any]] | None:
+        if self.tools is not None:
+            return self.tools
+        found = self.body.get("tools")
+        return found if isinstance(found, list) else None
+
+    @property
+    def reserved_output(self) -> int:
+        """The output tokens the request reserves (``max_completion_tokens``/``max_tokens``)."""
+        for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+            value = self.body.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class FileWrite:
+    """An original that must be on disk before the cut of message ``index`` is forwarded."""
+
+    index: int
+    rid: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StageOutcome:
+    messages: list[Message]
+    changed: bool
+    stats: Mapping[str, int] = field(default_factory=dict)
+    files: tuple[FileWrite, ...] = ()  # effects: originals to keep (see FileWrite)
+
+
+class Stage(Protocol):
+    name: str
+
+    def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineResult:
+    messages: list[Message]
+    changed: bool
+    stats: Mapping[str, int]
+    failed: tuple[str, ...]
+    elapsed_ms: float

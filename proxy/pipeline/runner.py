@@ -1,0 +1,372 @@
+"""The pre-reasoning pipeline for one request (SPEC sections 4-5): pure stages, effects carried
+out through the services.
+
+    summary in use   <- compactor.state()                     (store, cached per session)
+    offload          <- Offloader.run(history, ageing of that summary)     pure -> originals
+    originals kept   <- OffloadedFiles (worker thread); a cut whose original could not be
+                        saved is forwarded uncut
+    plan             <- Planner.plan(...)                                   pure
+      need           -> compactor.obtain()  (summarizer call, single flight, persistence), then
+                        the history is offloaded for the new summary's ageing (cached cuts) and
+                        planned again
+      prepare        -> compactor.prepare() (background)
+      still over     -> Offloader.harder() on every kept result             pure -> originals
+    validate, count                                                         pure
+
+Offload runs once per request in the sense that matters: each cut is computed once (cached per
+original and budget) and materialized for the compaction in use. The pure steps of a large
+request run in a worker thread, so tokenizing and cutting megabytes never blocks the event loop.
+A step that fails is logged and skipped: the request goes on with the messages as they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from ..compaction.planner import Decision, Planner
+from ..store.summaries import SummaryRecord
+from ..writes import Mode
+from .ageing import aged_at
+from .count import CountStage, RequestCounter
+from .model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
+from .offload import Offloader
+from .validate import ValidateStage
+
+__all__ = ["Originals", "Pipeline"]
+
+log = logging.getLogger("proxy.pipeline")
+
+T = TypeVar("T")
+
+
+class Originals(Protocol):
+    """Where offloaded originals are kept (:mod:`proxy.store.tool_results` on disk)."""
+
+    def needs_write(self, tenant: str, session: str, rid: str, content: str) -> bool: ...
+
+    def write(self, tenant: str, session: str, rid: str, content: str) -> int: ...
+
+    def stage(self, rid: str, content: str) -> tuple[str, int]: ...
+
+    def promote(self, tenant: str, session: str, rid: str, token: str) -> None: ...
+
+    def discard(self, token: str) -> None: ...
+
+
+class Compaction(Protocol):
+    enabled: bool
+
+    async def state(self, request: RequestView) -> SummaryRecord | None: ...
+
+    def prepared_plan(self, request: RequestView, summary: SummaryRecord | None) -> Any: ...
+
+    async def obtain(self, plan: Any, request: RequestView, tokens: int) -> SummaryRecord: ...
+
+    def prepare(self, plan: Any, request: RequestView, tokens: int) -> None: ...
+
+
+class Pipeline:
+    def __init__(
+        self,
+        *,
+        offloader: Offloader,
+        planner: Planner,
+        compactor: Compaction,
+        counter: RequestCounter,
+        originals: Originals,
+        timed_ageing: bool,
+        old_max_bytes: int,
+        stages: Sequence[Stage] | None = None,
+    ) -> None:
+        self.offloader = offloader
+        self.planner = planner
+        self.compactor = compactor
+        self.counter = counter
+        self.originals = originals
+        # Batched ageing with compaction on: stage 2 is timed to compactions (ageing.aged_at).
+        self.timed_ageing = timed_ageing
+        self.old_max_bytes = old_max_bytes
+        self.validate = ValidateStage()
+        self.count = CountStage(counter)
+        self.custom = list(stages) if stages is not None else None
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def run(self, request: RequestView) -> PipelineResult:
+        start = time.perf_counter()
+        if self.custom is not None:
+            return await self._run_custom(request, start)
+        stats: dict[str, int] = {}
+        failed: list[str] = []
+        history = _as_list(request.messages)
+        await self.counter.ready(request.model)  # an encoding's first load: off the loop
+
+        summary: SummaryRecord | None = None
+        compacting = self.compactor.enabled and history and len(request.chains) == len(history)
+        if compacting:
+            try:
+                found = await self.compactor.state(request)
+                summary = self.planner.usable(found, history, request)
+            except Exception:
+                log.exception("looking up the summary in use failed; compacting without it")
+                failed.append("compact")
+                compacting = False
+
+        messages = history
+        try:
+            outcome = await self._offload(history, request, summary)
+            messages = outcome.messages
+            _add(stats, outcome.stats)
+        except Exception:
+            log.exception("stage offload failed; forwarding without it")
+            failed.append("offload")
+
+        if compacting:
+            try:
+                messages = await self._compact(history, messages, request, summary, stats)
+            except Exception:
+                log.exception("stage compact failed; forwarding without it")
+                failed.append("compact")
+
+        for stage in (self.validate, self.count):
+            try:
+                outcome = await self._cpu(request, stage, messages, request)
+            except Exception:
+                log.exception("stage %s failed; forwarding without it", stage.name)
+                failed.append(stage.name)
+                continue
+            messages = outcome.messages
+            _add(stats, outcome.stats)
+        changed = len(messages) != len(history) or any(
+            a is not b for a, b in zip(messages, history, strict=False)
+        )
+        return PipelineResult(
+            messages, changed, stats, tuple(failed), (time.perf_counter() - start) * 1000
+        )
+
+    async def _run_custom(self, request: RequestView, start: float) -> PipelineResult:
+        """The stages given to :func:`proxy.app.create_app` instead of the default pipeline."""
+        messages = _as_list(request.messages)
+        changed = False
+        stats: dict[str, int] = {}
+        failed: list[str] = []
+        for stage in self.custom or ():
+            try:
+                outcome: Any = stage(messages, request)
+                if inspect.isawaitable(outcome):
+                    outcome = await outcome
+                outcome = await self._keep(outcome, messages, request)
+            except Exception:
+                log.exception("stage %s failed; forwarding without it", stage.name)
+                failed.append(stage.name)
+                continue
+            messages = outcome.messages
+            changed = changed or outcome.changed
+            _add(stats, outcome.stats)
+        return PipelineResult(
+            messages, changed, stats, tuple(failed), (time.perf_counter() - start) * 1000
+        )
+
+    async def _cpu(self, request: RequestView, fn: Callable[..., T], *args: Any) -> T:
+        """Pure work: in a worker thread for a large request, inline otherwise (a thread hop
+        costs more than a small request's whole pipeline)."""
+        if request.large:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    # -- offload ---------------------------------------------------------------------------
+
+    def _aged(self, history: list[Message], summary: SummaryRecord | None) -> int | None:
+        if not self.timed_ageing:
+            return None  # the age policy decides from the history alone
+        if summary is None or not summary.seen:
+            return 0
+        return aged_at(history, summary.seen, self.offloader.config.recent_n)
+
+    async def _offload(
+        self, history: list[Message], request: RequestView, summary: SummaryRecord | None
+    ) -> StageOutcome:
+        outcome = await self._cpu(
+            request, lambda: self.offloader.run(history, request,
+                                                aged_turns=self._aged(history, summary))
+        )
+        return await self._keep(outcome, history, request)
+
+    async def _keep(
+        self, outcome: StageOutcome, before: list[Message], request: RequestView
+    ) -> StageOutcome:
+        """Carry out a stage's effects: the originals its cuts point at are saved before the
+        cuts can be forwarded; a cut whose original could not be saved is undone (the message
+        as it was before the stage goes out)."""
+        if not outcome.files:
+            return outcome
+        ident = request.identity
+        writes = request.writes
+        store = self.originals
+        missing = [f for f in outcome.files
+                   if store.needs_write(ident.tenant, ident.session, f.rid, f.text)]
+        failed: set[str] = set()
+        refused = writes is not None and writes.mode is Mode.OFF
+        if missing:
+            if refused:
+                failed = {f.rid for f in missing}  # over quota: no new originals, no new cuts
+            elif writes is not None and writes.mode is Mode.HELD:
+                failed = await self._stage(missing, request)
+            else:
+                failed = await self._write(missing, request)
+        stats = dict(outcome.stats)
+        stats["files_written"] = stats.get("files_written", 0) + len(missing) - len(failed)
+        if not failed:
+            return StageOutcome(outcome.messages, outcome.changed, stats)
+        out = list(outcome.messages)
+        undone = {f.index for f in outcome.files if f.rid in failed}
+        for i in undone:
+            out[i] = before[i]
+        stats["offloaded"] = stats.get("offloaded", 0) - len(undone)
+        if not refused:
+            stats["offload_errors"] = stats.get("offload_errors", 0) + len(undone)
+        changed = any(a is not b for a, b in zip(out, before, strict=False)) or len(out) != len(before)
+        return StageOutcome(out if changed else before, changed, stats)
+
+    async def _write(self, files: list[FileWrite], request: RequestView) -> set[str]:
+        """Write originals (fsynced: ms each) in a worker thread; the ids that failed."""
+        ident = request.identity
+        store = self.originals
+        failed: set[str] = set()
+
+        def job() -> int:
+            written = 0
+            for f in files:
+                try:
+                    written += store.write(ident.tenant, ident.session, f.rid, f.text)
+                except (OSError, ValueError) as exc:
+                    log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
+                    failed.add(f.rid)
+            return written
+
+        if request.writes is None:
+            await asyncio.to_thread(job)
+        else:
+            await request.writes.write(job)
+        return failed
+
+    async def _stage(self, files: list[FileWrite], request: RequestView) -> set[str]:
+        """A key the provider has not accepted yet: originals are written durably where no
+        tenant owns them, moved into place once it accepts the key and deleted when it rejects
+        it (:mod:`proxy.writes`). The ids that could not even be staged."""
+        ident = request.identity
+        store = self.originals
+        failed: set[str] = set()
+
+        def stage() -> list[tuple[str, str, int]]:
+            staged = []
+            for f in files:
+                try:
+                    staged.append((f.rid, *store.stage(f.rid, f.text)))
+                except (OSError, ValueError) as exc:
+                    log.warning("offload: cannot save tool result (%s); forwarding uncut", _why(exc))
+                    failed.add(f.rid)
+            return staged
+
+        staged = await asyncio.to_thread(stage)
+
+        def promote() -> int:
+            for rid, token, _ in staged:
+                store.promote(ident.tenant, ident.session, rid, token)
+            return sum(size for _, _, size in staged)
+
+        def discard() -> None:
+            for _, token, _ in staged:
+                store.discard(token)
+
+        if staged and request.writes is not None:
+            await request.writes.write(promote, undo=discard)
+        return failed
+
+    # -- compaction ------------------------------------------------------------------------
+
+    async def _compact(
+        self,
+        history: list[Message],
+        offloaded: list[Message],
+        request: RequestView,
+        summary: SummaryRecord | None,
+        stats: dict[str, int],
+    ) -> list[Message]:
+        # Splits are measured on the history with stage-1 cuts only (what the kept turns weigh
+        # before the compaction ages them).
+        split_from = offloaded
+        if self.timed_ageing and self._aged(history, summary):
+            split_from = (await self._offload(history, request, None)).messages
+        decision = await self._plan(offloaded, request, summary, split_from, True)
+        compacted_now = 0
+        for _ in range(2):  # a prepared compaction may be one step short: then go again
+            if not decision.over or decision.need is None:
+                break
+            summary = await self.compactor.obtain(decision.need, request, decision.tokens)
+            compacted_now = 1
+            offloaded = (await self._offload(history, request, summary)).messages
+            decision = await self._plan(offloaded, request, summary, split_from, False)
+        applied = decision.applied
+        if decision.over:
+            applied = await self._last_resort(applied, request, decision)
+        elif not compacted_now and decision.prepare is not None:
+            self.compactor.prepare(decision.prepare, request, decision.tokens)
+        _add(stats, {"compacted": int(decision.summary is not None), "compactions": compacted_now,
+                     "tokens_budget": decision.budget.threshold})
+        return applied
+
+    async def _plan(
+        self, messages: list[Message], request: RequestView, summary: SummaryRecord | None,
+        split_from: list[Message], may_prepare: bool,
+    ) -> Decision:
+        prepared = self.compactor.prepared_plan(request, summary)
+        return await self._cpu(
+            request, lambda: self.planner.plan(messages, request, summary, split_from=split_from,
+                                               prepared=prepared, may_prepare=may_prepare)
+        )
+
+    async def _last_resort(
+        self, applied: list[Message], request: RequestView, decision: Decision
+    ) -> list[Message]:
+        """Even the kept turns are over the threshold: every tool result is cut harder, to
+        ``old_max_bytes`` and then to 1 KB. All of them, not just as many as needed, so that
+        while this lasts the forwarded prefix stays the same from turn to turn."""
+        threshold = decision.budget.threshold
+        tokens = decision.tokens
+        for size in (self.old_max_bytes, 1024):
+            if tokens <= threshold:
+                break
+            outcome = await self._cpu(
+                request, self.offloader.harder, applied, request.identity, size
+            )
+            applied = (await self._keep(outcome, applied, request)).messages
+            tokens = await self._cpu(request, self.planner.count, applied, request)
+        if tokens > threshold:
+            log.warning(
+                "request still over the threshold after compaction (%d > %d tokens); forwarding",
+                tokens, threshold,
+            )
+        return applied
+
+
+def _as_list(messages: Sequence[Message]) -> list[Message]:
+    # The very list when it is one: an unchanged result is then the client's own list.
+    return messages if isinstance(messages, list) else list(messages)
+
+
+def _add(stats: dict[str, int], more: Mapping[str, int]) -> None:
+    for key, value in more.items():
+        stats[key] = stats.get(key, 0) + value
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"{os.strerror(exc.errno)}"
+    return type(exc).__name__

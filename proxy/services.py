@@ -1,0 +1,279 @@
+"""The services a request is handled with, built once by the app's lifespan.
+
+    Services
+      gate, metrics            who is calling; the Prometheus registry
+      upstream, forwarder      the pooled client for the OpenAI-compatible upstream; relaying
+      router                   model_list routes through litellm (imported on first use)
+      originals                offloaded originals (store)
+      archive                  the dialog archive service: request before forwarding, answer after
+      summaries, sessions      summary records and per-session counters (for /files)
+      compactor                finds, obtains, prepares and keeps summaries
+      pipeline                 the pure stages and their effects, per request
+      reader                   the proxy's read tool and its loop
+      writes, usage            what a request may write; disk used per tenant
+      background               work after the response, drained on shutdown (and by tests)
+      gc                       expiry and disk measurement, at start-up and hourly
+
+None of them is optional: a feature that is off, or a store that cannot be opened, is a null
+object with the same methods. Nothing here is a module global: :func:`open_services` builds them
+and :meth:`Services.close` releases them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from .archive import Archive, NullArchive
+from .auth import Gate
+from .background import Background
+from .compaction.client import SummarizerClient
+from .compaction.compactor import Compactor, NullCompactor
+from .compaction.planner import Planner
+from .compaction.windows import ContextWindows
+from .config import Config
+from .metrics import Metrics
+from .pipeline.count import RequestCounter
+from .pipeline.model import Stage
+from .pipeline.offload import Offloader
+from .pipeline.runner import Pipeline
+from .pipeline.tokens import TokenCounter
+from .retrieval.loop import NullReader, Reader
+from .retrieval.tool import ReadTool
+from .store.chains import DigestCache
+from .store.db import Database, SessionRow
+from .store.dialog import DialogArchive
+from .store.gc import collect
+from .store.sessions import SessionCounters
+from .store.summaries import SummaryRecord, SummaryStore
+from .store.tool_results import ToolResultStore
+from .store.usage import DiskUsage
+from .tokenizer_data import ensure_tiktoken_offline
+from .upstream.forward import Forwarder
+from .upstream.http import Upstream
+from .upstream.litellm_route import LitellmRouter
+from .writes import WritePolicy
+
+__all__ = ["Services", "files_url", "open_services"]
+
+log = logging.getLogger("proxy")
+
+GC_INTERVAL_S = 3600.0
+
+
+class SessionIndex(Protocol):
+    def sessions(self, tenant: str | None = None) -> list[SessionRow]: ...
+
+    def session_stats(self, tenant: str, session: str) -> SessionRow | None: ...
+
+
+class SummaryHistory(Protocol):
+    def history(self, tenant: str, session: str) -> list[SummaryRecord]: ...
+
+
+class _NoSessions:
+    def sessions(self, tenant: str | None = None) -> list[SessionRow]:
+        return []
+
+    def session_stats(self, tenant: str, session: str) -> SessionRow | None:
+        return None
+
+
+class _NoSummaries:
+    def history(self, tenant: str, session: str) -> list[SummaryRecord]:
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    config: Config
+    gate: Gate
+    metrics: Metrics
+    upstream: Upstream
+    forwarder: Forwarder
+    router: LitellmRouter
+    originals: ToolResultStore
+    archive: Archive | NullArchive
+    summaries: SummaryHistory
+    sessions: SessionIndex
+    compactor: Compactor | NullCompactor
+    pipeline: Pipeline
+    reader: Reader | NullReader
+    writes: WritePolicy
+    usage: DiskUsage
+    background: Background
+    database: Database | None  # the one that must be closed; None when it failed to open
+    counters: SessionCounters | None
+    gc: Periodic
+
+    @property
+    def max_body(self) -> int:
+        return int(self.config.server.max_body_mb * 1024 * 1024)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.config.storage.data_dir
+
+    async def drain(self) -> None:
+        """Wait until the work requests left behind is done (archive writes, counters)."""
+        await self.background.drain()
+        if self.counters is not None:
+            await self.counters.drain()
+
+    async def collect_garbage(self) -> None:
+        """Expire files and measure each tenant's disk (:mod:`proxy.store.gc`), off the loop."""
+        report = await asyncio.to_thread(
+            collect, self.data_dir, self.database, self.originals, self.usage,
+            dialog_ttl_days=self.config.storage.dialog_ttl_days,
+        )
+        if report.expired:
+            # The in-memory shortcuts may point at what is gone now.
+            self.archive.forget()
+            self.compactor.forget()
+
+    async def close(self) -> None:
+        await self.gc.stop()
+        await self.compactor.close()
+        await self.background.close()
+        if self.counters is not None:
+            await self.counters.close()
+        await self.upstream.close()
+        if self.database is not None:
+            self.database.close()
+
+
+def files_url(config: Config) -> str:
+    base = config.server.public_url or f"http://{config.server.host}:{config.server.port}"
+    return base.rstrip("/") + "/files"
+
+
+def _open_db(config: Config) -> Database | None:
+    try:
+        return Database.in_dir(config.storage.data_dir)
+    except Exception as exc:  # a broken disk must not stop the proxy: it forwards without
+        log.error("cannot open the database under %s (%s): dialog archive and compaction are "
+                  "off", config.storage.data_dir, exc)
+        return None
+
+
+class Periodic:
+    """Runs a job at once and then every ``interval`` seconds, until stopped."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, job: Callable[[], Awaitable[None]]) -> None:
+        self._task = asyncio.ensure_future(self._run(job))
+
+    async def _run(self, job: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await job()
+            except Exception:
+                log.exception("periodic job failed")
+            await asyncio.sleep(self.interval)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _warm(counter: RequestCounter, windows: ContextWindows) -> None:
+    # o200k only: current OpenAI models and the estimate for every other provider. cl100k
+    # (~30 MB) loads the first time an older model is seen, in a worker thread.
+    counter.counter.preload(("gpt-4o",))
+    windows.load()
+
+
+async def open_services(
+    config: Config,
+    *,
+    stages: Sequence[Stage] | None = None,
+    metrics: Metrics | None = None,
+    gate: Gate | None = None,
+) -> Services:
+    gate = gate if gate is not None else Gate(config.auth)
+    metrics = metrics or Metrics()
+    storage = config.storage
+    background = Background()
+    upstream = Upstream(config.upstream, forward_client_key=not gate.closed)
+    await upstream.start()
+    router = LitellmRouter(
+        [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
+    )
+    originals = ToolResultStore(storage.data_dir, storage.tool_result_ttl_days)
+    ensure_tiktoken_offline()
+    cache = config.server.cache_mb * 1024 * 1024
+    counter = RequestCounter(TokenCounter(), cache_chars=cache * 2 // 5)
+    windows = ContextWindows(config.compaction.context_windows)
+    usage = DiskUsage(storage.data_dir)
+    writes = WritePolicy(storage.data_dir, usage, storage.max_tenant_mb, metrics, background)
+    db = await asyncio.to_thread(_open_db, config)
+
+    archive: Archive | NullArchive = NullArchive()
+    summaries: SummaryHistory = _NoSummaries()
+    sessions: SessionIndex = _NoSessions()
+    compactor: Compactor | NullCompactor = NullCompactor()
+    counters: SessionCounters | None = None
+    summarizer = SummarizerClient(
+        upstream, router, model=config.compaction.model,
+        timeout_s=config.compaction.summarizer_timeout_s,
+    )
+    if db is not None:
+        counters = SessionCounters(db)
+        counters.start()
+        dialog = DialogArchive(storage.data_dir, db, digest_cache=DigestCache(max_bytes=cache // 5))
+        archive = Archive(dialog, counters, background, metrics)
+        store = SummaryStore(db, storage.data_dir)
+        summaries, sessions = store, db
+        if config.compaction.enabled:
+            compactor = Compactor(config.compaction, summaries=store, archive=dialog,
+                                  client=summarizer, windows=windows)
+    read_tool = config.retrieval.tool_name if config.retrieval.mode == "proxy" else None
+    pipeline = Pipeline(
+        offloader=Offloader(config.offload, config.retrieval, storage.data_dir,
+                            files_url=files_url(config), cache_bytes=cache * 2 // 5),
+        planner=Planner(config.compaction, counter, windows, read_tool),
+        compactor=compactor,
+        counter=counter,
+        originals=originals,
+        timed_ageing=compactor.enabled and config.offload.age_policy == "batched",
+        old_max_bytes=config.offload.old_max_bytes,
+        stages=stages,
+    )
+    reader: Reader | NullReader = NullReader()
+    if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
+        reader = Reader(upstream, ReadTool(config, originals), config.retrieval.max_rounds)
+    _live_metrics(metrics, summarizer, compactor)
+    # The encoding (~0.5 s) and the window map load off the start-up path.
+    background.spawn(asyncio.to_thread(_warm, counter, windows))
+
+    services = Services(
+        config=config, gate=gate, metrics=metrics, upstream=upstream,
+        forwarder=Forwarder(upstream), router=router, originals=originals, archive=archive,
+        summaries=summaries, sessions=sessions, compactor=compactor, pipeline=pipeline,
+        reader=reader, writes=writes, usage=usage, background=background, database=db,
+        counters=counters, gc=Periodic(GC_INTERVAL_S),
+    )
+    services.gc.start(services.collect_garbage)
+    return services
+
+
+def _live_metrics(
+    metrics: Metrics, summarizer: SummarizerClient, compactor: Compactor | NullCompactor
+) -> None:
+    metrics.live("ctxproxy_summarizer_calls", "Summarizer calls made.", lambda: summarizer.calls)
+    metrics.live("ctxproxy_summarizer_failures", "Summarizer calls that failed.",
+                 lambda: summarizer.failures)
+    metrics.live("ctxproxy_compactions", "Compactions stored (summaries created).",
+                 lambda: compactor.compactions)
+    metrics.live("ctxproxy_precompactions", "Compactions prepared in the background.",
+                 lambda: compactor.precompactions)
