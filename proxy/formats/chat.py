@@ -58,7 +58,7 @@ def write(
     if messages is None and not tools:
         return raw
     members = json.members(raw)
-    replace: dict[str, bytes] = {}
+    replace: dict[str, json.RawJSON] = {}
     if messages is not None:
         items = json.array_items(members["messages"])
         at = {id(m): i for i, m in enumerate(originals)}
@@ -71,5 +71,5 @@ def write(
     return json.splice(members, replace)
 
 
-def _is_array(raw: bytes | None) -> bool:
-    return raw is not None and raw.lstrip()[:1] == b"["
+def _is_array(raw: json.RawJSON | None) -> bool:
+    return raw is not None and bytes(memoryview(raw)[:1]) == b"["

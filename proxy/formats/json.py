@@ -21,33 +21,41 @@ _MEMBERS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ITEMS: Final = msgspec.json.Decoder(list[msgspec.Raw])
 
 
-def members(raw: bytes) -> dict[str, bytes]:
+# A raw JSON value: bytes, or msgspec's zero-copy view of the client's bytes.
+RawJSON = bytes | msgspec.Raw
+
+
+def members(raw: bytes) -> dict[str, RawJSON]:
     """The top-level object's members as raw JSON values, in order (raises on invalid JSON or
-    a body that is not an object)."""
-    return {k: bytes(v) for k, v in _MEMBERS.decode(raw).items()}
+    a body that is not an object). The values are views of ``raw``: no copy is made."""
+    return dict(_MEMBERS.decode(raw))
 
 
-def array_items(raw: bytes) -> list[bytes]:
-    """The items of a raw JSON array, each exactly as written."""
-    return [bytes(v) for v in _ITEMS.decode(raw)]
+def array_items(raw: RawJSON) -> list[RawJSON]:
+    """The items of a raw JSON array, each exactly as written (views, not copies)."""
+    return list(_ITEMS.decode(raw))
 
 
 def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
-def join_array(items: Sequence[bytes]) -> bytes:
+def join_array(items: Sequence[RawJSON]) -> bytes:
     return b"[" + b",".join(items) + b"]"
 
 
 def splice(
-    parts: Mapping[str, bytes], replace: Mapping[str, bytes], drop: Sequence[str] = ()
+    parts: Mapping[str, RawJSON], replace: Mapping[str, RawJSON], drop: Sequence[str] = ()
 ) -> bytes:
     """The object of ``parts`` (from :func:`members`) with the named members replaced by the
     given raw values (a new name is added at the end) and the ``drop`` ones removed; every
     other value byte for byte."""
-    parts = dict(parts)
+    out = dict(parts)
     for name in drop:
-        parts.pop(name, None)
-    parts.update(replace)
-    return b"{" + b",".join(orjson.dumps(k) + b":" + v for k, v in parts.items()) + b"}"
+        out.pop(name, None)
+    out.update(replace)
+    chunks: list[RawJSON] = [b"{"]
+    for i, (name, value) in enumerate(out.items()):
+        chunks += (b"," if i else b"", orjson.dumps(name), b":", value)
+    chunks.append(b"}")
+    return b"".join(chunks)
