@@ -6,7 +6,9 @@ Each session is a scripted agent (tool outputs of 1-300 KB, log-uniform) resendi
 history every turn; the fake upstream plays the model and the summarizer. Reports errors,
 summarizer calls vs compaction events, per-request latency p50/p99, and the proxy's RSS (the
 proxy runs as its own process) after start-up, and peak/after each round of fresh sessions: with
-caches bounded, the rounds after the first show no growth trend.
+caches bounded, the rounds after the first show no growth trend. The proxy's event loop runs in
+asyncio debug mode (bench/debug_serve.py instead of ``python -m proxy serve``) and the callbacks
+that held it 10 ms or more are counted; ``--no-loop-debug`` runs the plain server instead.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import random
 import shutil
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,6 +115,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of fresh sessions (soak)")
     ap.add_argument("--window", type=int, default=128_000)
     ap.add_argument("--cache-mb", type=int, default=None, help="server.cache_mb (default: its default)")
+    ap.add_argument("--no-loop-debug", dest="loop_debug", action="store_false",
+                    help="run `python -m proxy serve`, without the event loop's debug mode and "
+                         "its slow-callback count")
     args = ap.parse_args()
     model = Model()
     fake = FakeUpstream(responder=model, record=False)
@@ -123,8 +129,14 @@ def main() -> None:
             f"compaction: {{context_windows: {{{MODEL}: {args.window}}}}}\n"
             + (f"server: {{cache_mb: {args.cache_mb}}}\n" if args.cache_mb else ""))
         # The proxy is its own process, as users run it: the RSS figures are the proxy's alone.
+        # Unless --no-loop-debug, the same server through bench/debug_serve.py, which writes
+        # its slow-callback summary to loop.txt once SIGTERM has shut it down.
+        report = tmp / "loop.txt"
+        launcher = (sys.executable, str(Path(__file__).with_name("debug_serve.py")),
+                    "--loop-report", str(report))
         proxy = ProxyProcess(tmp / "config.yaml", log_path=tmp / "proxy.log",
-                             extra_args=("--log-level", "info"))
+                             extra_args=("--log-level", "info"),
+                             command=launcher if args.loop_debug else None)
         proxy.start()
         pid, url = proxy.pid, proxy.url
         assert pid is not None
@@ -152,7 +164,11 @@ def main() -> None:
         finally:
             proxy.signal(signal.SIGTERM)
             proxy.wait(30)
-    if all_errors:
+    loop_line = None
+    if args.loop_debug:
+        loop_line = (report.read_text().rstrip() if report.exists()
+                     else f"event loop: no report (the proxy did not shut down cleanly; see {tmp})")
+    if all_errors or (args.loop_debug and not report.exists()):
         print(f"kept {tmp} for its proxy.log")
     else:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -162,6 +178,8 @@ def main() -> None:
     print(f"summarizer calls {model.summaries}; compaction events {comp:.0f}; "
           f"background preparations {pre:.0f} (a prepared summary a session never needed is the "
           f"only extra call)")
+    if loop_line is not None:
+        print(loop_line)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ summarizer. The client resends its whole history every turn, as agents do. Repor
 - latency of each threshold-crossing turn vs a normal turn (pre-compaction hides the summarizer);
 - prefix stability: for each pair of consecutive forwarded requests, the share of the earlier
   one (tools, then messages, as canonical JSON) that is a whole-message common prefix of the
-  later one. Every change of that prefix discards the provider's prompt cache.
+  later one. Every change of that prefix discards the provider's prompt cache;
+- the proxy's event loop: callbacks that held it 10 ms or more (asyncio debug mode on the
+  proxy's loop only; ``--no-loop-debug`` turns it off for figures without debug overhead).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from proxy.config import config_from_mapping
 from proxy.demo import MODEL, ScriptedModel, TurnFigures, drive, script
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.servers import serve_in_thread
+from proxy.testing.slow_callbacks import SlowCallbacks
 
 CONSTRAINTS = [
     "Constraint: never edit files under migrations/.",
@@ -96,6 +99,8 @@ def main() -> None:
     ap.add_argument("--keep-recent", type=float, default=None,
                     help="compaction.keep_recent_ratio (default: the config default)")
     ap.add_argument("--explain", action="store_true", help="print why each prefix break happened")
+    ap.add_argument("--no-loop-debug", dest="loop_debug", action="store_false",
+                    help="do not run the proxy's event loop in debug mode (no slow-callback count)")
     args = ap.parse_args()
 
     model = ScriptedModel(script(steps_n=args.steps), summary_delay_s=args.summary_delay,
@@ -114,7 +119,11 @@ def main() -> None:
                               else {"keep_recent_ratio": args.keep_recent})},
         })
         threshold = int(config.compaction.threshold_ratio * args.window)
-        with serve_in_thread(create_app(config), lifespan="on") as proxy:
+        # Only the proxy's loop (its server thread) is watched: not the fake upstream's, which
+        # has its own thread, nor the client's (this thread). The count goes in the summary.
+        watch = SlowCallbacks(threshold_s=0.010, log_slow=False) if args.loop_debug else None
+        with serve_in_thread(create_app(config), lifespan="on",
+                             loop_setup=watch.install if watch else None) as proxy:
             figures: list[TurnFigures] = asyncio.run(
                 drive(proxy.url, model, follow_ups=CONSTRAINTS, max_turns=500)
             )
@@ -155,6 +164,9 @@ def main() -> None:
               f"p50 {statistics.median(normal):.0f} ms -> worst {ratio:.2f}x (target <= 1.2x)")
     print(f"prefix stability            mean {statistics.mean(stab):.3f}  min {min(stab):.3f}  "
           f"pairs below 0.5: {sum(1 for s in stab if s < 0.5)} of {len(stab)} (target mean >= 0.95)")
+    if watch is not None:
+        watch.uninstall()
+        print(watch.summary())
     if args.explain:
         print("  forwarded tokens per turn: " + " ".join(
             f"{f.forwarded // 1000}k{'*' if f.compacted else ''}" for f in figures))

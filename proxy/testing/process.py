@@ -44,6 +44,8 @@ class ProxyProcess:
     that took (``startup_s``); :meth:`kill` is ``kill -9``; :meth:`signal` sends anything else.
     The same instance can be started again after the process ended (same port, same config).
     stdout and stderr are appended to ``log_path`` when given (else discarded).
+    ``command`` replaces ``python -m proxy serve`` (e.g. a benchmark's own launcher); it gets
+    the same arguments (``--config FILE --host HOST --port PORT`` and ``extra_args``).
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class ProxyProcess:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.config_path = Path(config_path)
         self.host = host
@@ -66,6 +69,7 @@ class ProxyProcess:
         self.extra_args = tuple(extra_args)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
+        self.command = tuple(command) if command is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: list[float] = []  # one entry per successful start
 
@@ -84,7 +88,8 @@ class ProxyProcess:
     def start(self, timeout: float = 30.0) -> float:
         if self.running:
             raise RuntimeError("the proxy process is already running")
-        argv = [self.python, "-m", "proxy", "serve", "--config", str(self.config_path),
+        command = self.command or (self.python, "-m", "proxy", "serve")
+        argv = [*command, "--config", str(self.config_path),
                 "--host", self.host, "--port", str(self.port), *self.extra_args]
         log = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115
         try:

@@ -118,6 +118,8 @@ class ServerThread:
     connections, returning ``self``; ``__exit__`` asks the server to exit and joins the
     thread (bounded: graceful_timeout + 2 * stop_timeout at most, then warns).
     Extra keyword arguments go to ``uvicorn.Config`` (e.g. ``http="h11"``, ``loop="asyncio"``).
+    ``loop_setup``, when given, is called in the server's thread with its new event loop before
+    the server starts (e.g. :meth:`proxy.testing.slow_callbacks.SlowCallbacks.install`).
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class ServerThread:
         startup_timeout: float = 10.0,
         graceful_timeout: int = 1,
         stop_timeout: float = 5.0,
+        loop_setup: Callable[[asyncio.AbstractEventLoop], None] | None = None,
         **config_kwargs: Any,
     ) -> None:
         self.app = app
@@ -139,6 +142,7 @@ class ServerThread:
         self.startup_timeout = startup_timeout
         self.graceful_timeout = graceful_timeout
         self.stop_timeout = stop_timeout
+        self.loop_setup = loop_setup
         self.config_kwargs = config_kwargs
         self.server: uvicorn.Server | None = None
         #: The server's event loop (for ``asyncio.run_coroutine_threadsafe``), set once running.
@@ -180,6 +184,8 @@ class ServerThread:
         try:
             with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
                 self.loop = runner.get_loop()
+                if self.loop_setup is not None:
+                    self.loop_setup(self.loop)
                 runner.run(_serve(server, sock))
         except BaseException as exc:  # noqa: BLE001 -- surfaced to start(); a thread can't raise to its owner
             self._error = exc
