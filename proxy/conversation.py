@@ -28,15 +28,19 @@ from .services import Services
 from .session import Identity, resolve
 from .writes import Mode, Writes
 
-__all__ = ["LARGE_BODY", "ChatCompletions", "ctx_headers"]
+__all__ = ["HUGE_BODY", "LARGE_BODY", "ChatCompletions", "ctx_headers"]
 
 log = logging.getLogger("proxy.access")
 
 T = TypeVar("T")
 
-# From this size on, parsing, hashing and the pure stages run in a worker thread: a thread hop
-# (~0.1 ms) is cheaper than blocking the event loop for a body this large.
+# From this size on, the pipeline's new work (cutting, tokenizing texts not seen before) runs in
+# a worker thread; resent texts are cache hits and stay on the loop.
 LARGE_BODY = 256 * 1024
+# From this size on, parsing and hashing the body (orjson at ~700 MB/s, then sha256) and writing
+# the forwarded one run in a worker thread: a thread hop and the GIL to win back cost more for
+# smaller bodies than the work does.
+HUGE_BODY = 2 * 1024 * 1024
 
 
 async def _cpu(large: bool, fn: Callable[..., T], *args: Any) -> T:
@@ -63,8 +67,8 @@ class ChatCompletions:
         svc = services_of(scope)
         caller = caller_of(scope)
         raw = await read_body(scope, receive, svc.max_body)
-        large = len(raw) >= LARGE_BODY
-        body = await _cpu(large, chat.parse, raw, svc.config.server.max_messages)
+        large, huge = len(raw) >= LARGE_BODY, len(raw) >= HUGE_BODY
+        body = await _cpu(huge, chat.parse, raw, svc.config.server.max_messages)
         identity = resolve(header_map(scope), body, tenant=caller.tenant)
         model: str = body["model"]
         params = svc.router.match(model)
@@ -74,7 +78,7 @@ class ChatCompletions:
             identity.tenant, provider_judges=judges, limit_mb=caller.max_disk_mb
         )
         sent = body["messages"]
-        chains = await _cpu(large, svc.archive.chains, sent)
+        chains = await _cpu(huge, svc.archive.chains, sent)
         await svc.archive.record_request(identity, sent, chains, writes)
         view = RequestView(
             model=model, body=body, identity=identity, chains=chains, headers=scope["headers"],
@@ -86,7 +90,7 @@ class ChatCompletions:
         forwarded = result.messages if result.changed else sent
         reads = params is None and svc.reader.needed(forwarded)
         if result.changed:
-            out = await _cpu(large, chat.write, raw, sent, result.messages)
+            out = await _cpu(huge, chat.write, raw, sent, result.messages)
         else:
             out = raw  # nothing changed: the upstream gets the client's bytes exactly
         extra = ctx_headers(identity, result, raw, out)

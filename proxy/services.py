@@ -253,8 +253,10 @@ async def open_services(
     if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
         reader = Reader(upstream, ReadTool(config, originals), config.retrieval.max_rounds)
     _live_metrics(metrics, summarizer, compactor)
-    # The encoding (~0.5 s) and the window map load off the start-up path.
-    background.spawn(asyncio.to_thread(_warm, counter, windows))
+    # The encoding (~0.4 s) and the window map load before the port accepts requests: building
+    # the encoding holds the GIL for most of that time, which would stall the event loop (and
+    # every request in flight) if it happened while serving.
+    await asyncio.to_thread(_warm, counter, windows)
 
     services = Services(
         config=config, gate=gate, metrics=metrics, upstream=upstream,

@@ -63,12 +63,11 @@ def test_counts_the_slow_steps_of_its_own_loop(
     finally:
         watch.uninstall()
     assert watch.count >= 1
-    top = watch.worst[0]
-    assert top.seconds >= 0.03
+    # Under load other steps may be slow too: the blocking one is among the worst.
+    top = next(cb for cb in watch.worst if cb.seconds >= 0.03 and any(
+        "test_slow_callbacks.py:" in f and f.endswith(" _pause") for f in cb.awaiting))
     assert top.handle.startswith("<Task")
-    assert any("test_slow_callbacks.py:" in f and f.endswith(" _pause") for f in top.awaiting)
-    site = next(iter(watch.sites))
-    assert "test_slow_callbacks.py:" in site and site.endswith("_pause")
+    assert any("test_slow_callbacks.py:" in site and site.endswith("_pause") for site in watch.sites)
     assert watch.over_floor >= 2  # the 4 ms step was seen too, below the threshold
     assert any(cb.seconds < 0.010 for cb in watch.worst) or watch.count >= 2
     assert watch.summary().startswith(f"event loop: {watch.count} callbacks over 10 ms (worst ")

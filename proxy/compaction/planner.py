@@ -18,7 +18,7 @@ what that request did too: the same history forwards the same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..config import CompactionConfig
@@ -129,20 +129,23 @@ class Planner:
         request: RequestView,
         summary: SummaryRecord | None,
         *,
-        split_from: list[Message] | None = None,
+        split_from: Callable[[], list[Message]] | None = None,
         prepared: Plan | None = None,
         may_prepare: bool = True,
     ) -> Decision:
         """What ``messages`` (offloaded for ``summary``'s ageing) need. A split is measured on
-        ``split_from`` (the history with only stage-1 cuts; default ``messages``);
+        what ``split_from()`` gives (the history with only stage-1 cuts; default ``messages``),
+        asked only when a split is needed;
         ``prepared``: a plan prepared earlier from this very state, preferred to a new split."""
         budget = self.budget(request)
         head = leading_system_count(messages)
         applied = self.apply(messages, summary)
         tokens = self.count(applied, request)
-        base = split_from if split_from is not None else messages
+        def base() -> list[Message]:
+            return split_from() if split_from is not None else messages
+
         if tokens > budget.threshold:
-            need = prepared or self.split(base, request, summary, head, budget.keep)
+            need = prepared or self.split(base(), request, summary, head, budget.keep)
             return Decision(applied, tokens, summary, budget, need=need)
         if may_prepare and (
             tokens > budget.pre
@@ -155,7 +158,7 @@ class Planner:
             # the threshold in one request, leaving no time for the summary; so preparation also
             # starts once a few turns as large as the newest ones would cross the threshold.
             keep = max(budget.keep - (budget.threshold - tokens), budget.keep // 4)
-            plan = self.split(base, request, summary, head, keep)
+            plan = self.split(base(), request, summary, head, keep)
             return Decision(applied, tokens, summary, budget, prepare=plan)
         return Decision(applied, tokens, summary, budget)
 

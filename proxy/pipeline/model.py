@@ -45,7 +45,7 @@ class RequestView:
     writes: Writes | None = None  # what the request may write (None: everything, now)
     history: Sequence[Message] | None = None  # the originals in the model; None: body messages
     tools: Sequence[Mapping[str, Any]] | None = None  # tool schemas (chat shape), for counting
-    large: bool = False  # big enough that CPU work moves off the event loop
+    large: bool = False  # big enough that new cutting or tokenizing moves off the event loop
 
     @property
     def messages(self) -> Sequence[Message]:

@@ -252,6 +252,19 @@ class Offloader:
         changed = any(a is not b for a, b in zip(out, messages, strict=True))
         return StageOutcome(out if changed else messages, changed, {}, tuple(files))
 
+    def needs_work(self, messages: list[Message], request: RequestView) -> bool:
+        """Whether :meth:`run` would cut a result it has not cut before (truncating megabytes
+        is worth a worker thread; a resent history is a dictionary probe per result)."""
+        tenant, session = request.identity.tenant, request.identity.session
+        for m in messages:
+            if m.get("role") in RESULT_ROLES:
+                text = _text_of(m.get("content"))
+                if text is not None and 4 * len(text) > self._floor and (
+                    (tenant, session, text) not in self._cache
+                ):
+                    return True
+        return False
+
     # -- the stage -------------------------------------------------------------------------
 
     def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:

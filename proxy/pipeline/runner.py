@@ -135,8 +135,12 @@ class Pipeline:
                 failed.append("compact")
 
         for stage in (self.validate, self.count):
+            # Counting covers what the client sent too (tokens in): its new outputs, whole.
+            heavy = stage is self.count and (
+                self._tokenizes(messages, request) or self._tokenizes(history, request)
+            )
             try:
-                outcome = await self._cpu(request, stage, messages, request)
+                outcome = await self._cpu(heavy, stage, messages, request)
             except Exception:
                 log.exception("stage %s failed; forwarding without it", stage.name)
                 failed.append(stage.name)
@@ -173,12 +177,17 @@ class Pipeline:
             messages, changed, stats, tuple(failed), (time.perf_counter() - start) * 1000
         )
 
-    async def _cpu(self, request: RequestView, fn: Callable[..., T], *args: Any) -> T:
-        """Pure work: in a worker thread for a large request, inline otherwise (a thread hop
-        costs more than a small request's whole pipeline)."""
-        if request.large:
+    @staticmethod
+    async def _cpu(heavy: bool, fn: Callable[..., T], *args: Any) -> T:
+        """Pure work: in a worker thread when it is heavy (cutting or tokenizing texts not seen
+        before), inline otherwise: a resent history is all cache hits, and a thread hop (with
+        the GIL to win back) would cost more than the work."""
+        if heavy:
             return await asyncio.to_thread(fn, *args)
         return fn(*args)
+
+    def _tokenizes(self, messages: Sequence[Message], request: RequestView) -> bool:
+        return request.large and self.counter.needs_work(messages, request.model)
 
     # -- offload ---------------------------------------------------------------------------
 
@@ -192,9 +201,10 @@ class Pipeline:
     async def _offload(
         self, history: list[Message], request: RequestView, summary: SummaryRecord | None
     ) -> StageOutcome:
+        heavy = request.large and self.offloader.needs_work(history, request)
         outcome = await self._cpu(
-            request, lambda: self.offloader.run(history, request,
-                                                aged_turns=self._aged(history, summary))
+            heavy, lambda: self.offloader.run(history, request,
+                                              aged_turns=self._aged(history, summary))
         )
         return await self._keep(outcome, history, request)
 
@@ -300,10 +310,13 @@ class Pipeline:
         stats: dict[str, int],
     ) -> list[Message]:
         # Splits are measured on the history with stage-1 cuts only (what the kept turns weigh
-        # before the compaction ages them).
-        split_from = offloaded
-        if self.timed_ageing and self._aged(history, summary):
-            split_from = (await self._offload(history, request, None)).messages
+        # before the compaction ages them): pure, cached cuts, and only when a split is needed.
+        def stage_one() -> list[Message]:
+            if not (self.timed_ageing and self._aged(history, summary)):
+                return offloaded
+            return self.offloader.run(history, request, aged_turns=0).messages
+
+        split_from = stage_one
         decision = await self._plan(offloaded, request, summary, split_from, True)
         compacted_now = 0
         for _ in range(2):  # a prepared compaction may be one step short: then go again
@@ -324,12 +337,13 @@ class Pipeline:
 
     async def _plan(
         self, messages: list[Message], request: RequestView, summary: SummaryRecord | None,
-        split_from: list[Message], may_prepare: bool,
+        split_from: Callable[[], list[Message]], may_prepare: bool,
     ) -> Decision:
         prepared = self.compactor.prepared_plan(request, summary)
         return await self._cpu(
-            request, lambda: self.planner.plan(messages, request, summary, split_from=split_from,
-                                               prepared=prepared, may_prepare=may_prepare)
+            self._tokenizes(messages, request),
+            lambda: self.planner.plan(messages, request, summary, split_from=split_from,
+                                      prepared=prepared, may_prepare=may_prepare),
         )
 
     async def _last_resort(
@@ -344,10 +358,11 @@ class Pipeline:
             if tokens <= threshold:
                 break
             outcome = await self._cpu(
-                request, self.offloader.harder, applied, request.identity, size
+                request.large, self.offloader.harder, applied, request.identity, size
             )
             applied = (await self._keep(outcome, applied, request)).messages
-            tokens = await self._cpu(request, self.planner.count, applied, request)
+            tokens = await self._cpu(self._tokenizes(applied, request), self.planner.count,
+                                     applied, request)
         if tokens > threshold:
             log.warning(
                 "request still over the threshold after compaction (%d > %d tokens); forwarding",

@@ -16,17 +16,26 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import secrets
 import stat
 import time
 from pathlib import Path
 
 from . import fs
-from .paths import STAGING_DIR, TOOL_RESULT_DIR, check_name, tool_result_file, tool_result_parts
+from .paths import (
+    STAGING_DIR,
+    TOOL_RESULT_DIR,
+    check_name,
+    tool_result_dir,
+    tool_result_file,
+    tool_result_parts,
+)
 
 log = logging.getLogger("proxy.store")
 
 _SIZE_CACHE = 65536  # ids whose (non-ASCII) UTF-8 size is remembered
+_RID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class OffloadedFileMissing(LookupError):
@@ -58,6 +67,7 @@ class ToolResultStore:
         self.ttl_s = ttl_days * 86400
         self.fsync = fsync
         self._sizes: dict[str, int] = {}
+        self._dirs: dict[tuple[str, str], str] = {}
 
     def _utf8_size(self, rid: str, content: str) -> int:
         if content.isascii():
@@ -72,6 +82,19 @@ class ToolResultStore:
 
     def path(self, tenant: str, session: str, rid: str) -> Path:
         return tool_result_file(self.data_dir, tenant, session, rid)
+
+    def _fast_path(self, tenant: str, session: str, rid: str) -> str:
+        """:meth:`path` as a string, for the stat every resent cut costs: names validated once
+        per session directory (building and checking a Path took ~35 us of a ~40 us check)."""
+        directory = self._dirs.get((tenant, session))
+        if directory is None:
+            directory = os.fspath(tool_result_dir(self.data_dir, tenant, session))
+            if len(self._dirs) >= _SIZE_CACHE:
+                self._dirs.clear()
+            self._dirs[(tenant, session)] = directory
+        if not _RID.fullmatch(rid):
+            check_name(rid, "id")
+        return f"{directory}/{rid}.txt"
 
     def save(self, tenant: str, session: str, rid: str, content: str) -> bool:
         """Persist `content` unless that id exists already whole; True when written now."""
@@ -88,7 +111,7 @@ class ToolResultStore:
         the file is not rewritten; every read goes through :mod:`proxy.store.fs` and refuses it.
         """
         try:
-            info = os.lstat(self.path(tenant, session, rid))
+            info = os.lstat(self._fast_path(tenant, session, rid))
         except (FileNotFoundError, NotADirectoryError):
             return True
         # Called for every offloaded message of every resent history: a stat, and the

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["SlowCallback", "SlowCallbacks", "SlowSite"]
 
+_EXECUTING = re.compile(r"^Executing (.*) took ([0-9.]+) seconds$", re.DOTALL)
 _TASK_NAME = re.compile(r"^<Task .*?name='([^']*)'")
 _SITE_PACKAGES = re.compile(r"/[^\s<>'\"]*/site-packages/")
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
@@ -155,24 +156,28 @@ class SlowCallbacks(logging.Filter):
         logging.getLogger("asyncio").removeFilter(self)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self._thread_id or not isinstance(record.msg, str):
+            return True  # not a record of our loop: leave it alone
         args = record.args
-        if (
-            record.thread != self._thread_id
-            or not isinstance(record.msg, str)
-            or not record.msg.startswith("Executing ")
-            or not isinstance(args, tuple)
-            or len(args) != 2
-            or not isinstance(args[1], float)
-        ):
-            return True  # not a slow-callback record of our loop: leave it alone
+        if isinstance(args, tuple) and len(args) == 2 and isinstance(args[1], float):
+            if not record.msg.startswith("Executing "):
+                return True
+            raw_handle: object = args[0]
+            seconds = args[1]
+        else:
+            # A filter added before this one may have merged the arguments into the message
+            # already (litellm adds a secret-scrubbing filter to the asyncio logger on import).
+            found = _EXECUTING.match(record.getMessage())
+            if found is None:
+                return True
+            raw_handle, seconds = found[1], float(found[2])
         fig = self._figures
-        seconds = args[1]
         fig.over_floor += 1
         over = seconds >= self.threshold_s
         if not over and len(fig.worst) >= self.keep and seconds <= fig.worst[-1].seconds:
             return False  # the common case: nothing to describe
         # Only now is the handle described (we are in the loop's thread, right after it ran).
-        handle = args[0] if isinstance(args[0], str) else repr(args[0])
+        handle = raw_handle if isinstance(raw_handle, str) else repr(raw_handle)
         frames = _awaiting(handle)
         at_s = record.created - self._installed_at
         if over:
