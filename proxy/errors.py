@@ -1,4 +1,26 @@
-"""One exception tree; every error the proxy originates becomes OpenAI's error envelope."""
+"""The one exception tree. Every error the proxy raises on purpose is a :class:`ProxyError`;
+those that reach a client become OpenAI's error envelope with the class's status::
+
+    ProxyError (500)
+    ├── BadRequest (400)
+    ├── Unauthorized (401)
+    │   └── AuthRequired                 also asks a browser to log in
+    ├── NotFound (404)
+    ├── PayloadTooLarge (413)
+    ├── ClientDisconnected (499)
+    ├── UpstreamError (502)
+    │   └── UpstreamTimeout (504)
+    ├── UpstreamStatusError              an error answer translated from litellm
+    ├── ConfigError                      exit status 2 from the CLI
+    ├── SummarizerError                  the compactor falls back to a deterministic summary
+    └── StoreError                       state on disk or in the database
+        ├── InvalidName (+ ValueError)   a name that is not one safe path component
+        ├── Hidden (+ FileNotFoundError) a path refused or absent below data_dir
+        ├── OffloadedFileMissing (+ LookupError)   expired or never written
+        └── SchemaError                  a database written by a newer ctxproxy
+
+The internal ones also derive from the builtin their callers have always caught.
+"""
 
 from __future__ import annotations
 
@@ -108,3 +130,53 @@ def envelope(
     message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class SummarizerError(ProxyError):
+    """The summarizer call failed; the compactor falls back to a deterministic summary."""
+
+    type = "upstream_error"
+    code = "summarizer_failed"
+
+
+class StoreError(ProxyError):
+    """Something about state on disk or in the database."""
+
+    code = "store_error"
+
+
+class InvalidName(StoreError, ValueError):
+    """A tenant, session, id or path component that is not a safe single path component."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_name"
+
+
+class Hidden(StoreError, FileNotFoundError):
+    """Missing, not a regular file/directory, a symlink, or an invalid name: all look alike to
+    the caller, so a refused path reveals nothing about what is there. ``absent`` says a component
+    simply does not exist (no symlink, no type mismatch): the honest case for an offloaded file
+    that expired."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+    def __init__(self, name: str, *, absent: bool = False) -> None:
+        super().__init__(name)
+        self.absent = absent
+
+
+class OffloadedFileMissing(StoreError, LookupError):
+    """The file is gone: expired (TTL) or never written. The message says what to do instead."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class SchemaError(StoreError):
+    """The database was written by a newer ctxproxy (or is not ours)."""
+
+    code = "schema_error"

@@ -9,17 +9,13 @@ from typing import Any
 
 import orjson
 
-from ..errors import ProxyError, UpstreamError
+from ..errors import ProxyError, SummarizerError, UpstreamError
 from ..upstream.http import Upstream
 from ..upstream.litellm_route import LitellmRouter
 
 log = logging.getLogger("proxy.pipeline")
 
 Complete = Callable[[list[dict[str, Any]]], Awaitable[str]]
-
-
-class SummarizerError(Exception):
-    """The summarizer call failed; the compactor falls back to a deterministic summary."""
 
 
 class SummarizerClient:

@@ -11,12 +11,13 @@ import orjson
 
 from ..compaction.message import is_summary_message
 from ..config import Config
+from ..errors import OffloadedFileMissing
 from ..pipeline.notice import parse_notice
 from ..pipeline.truncate import read_chunk
 from ..session import Identity
 from ..store import fs
 from ..store.paths import DIALOG_DIR, TOOL_RESULT_DIR
-from ..store.tool_results import OffloadedFileMissing, ToolResultStore
+from ..store.tool_results import ToolResultStore
 
 _ALLOWED = re.compile(
     rf"(?:{TOOL_RESULT_DIR}/[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}\.txt"

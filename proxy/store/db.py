@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from proxy.errors import SchemaError as SchemaError
 from proxy.store.paths import check_name, db_path
 
 __all__ = [
@@ -127,10 +128,6 @@ SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 # Counters update_session_stats may touch. "messages" is maintained by the dialog archive.
 SESSION_COUNTERS: Final = frozenset({"turns", "tokens_in", "tokens_out", "compactions", "offloads"})
-
-
-class SchemaError(RuntimeError):
-    """The database was written by a newer ctxproxy (or is not ours)."""
 
 
 def utc(now: datetime | None = None) -> datetime:

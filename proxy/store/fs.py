@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from ..errors import Hidden as Hidden
 from .paths import InvalidName, check_name
 
 __all__ = [
@@ -51,17 +52,6 @@ _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _APPEND_FLAGS: Final = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK: Final = 1 << 16
 _TMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class Hidden(FileNotFoundError):
-    """Missing, not a regular file/directory, a symlink, or an invalid name: all look alike to
-    the caller, so a refused path reveals nothing about what is there. ``absent`` says a component
-    simply does not exist (no symlink, no type mismatch): the honest case for an offloaded file
-    that expired."""
-
-    def __init__(self, name: str, *, absent: bool = False) -> None:
-        super().__init__(name)
-        self.absent = absent
 
 
 def valid_name(name: str) -> bool:

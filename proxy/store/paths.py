@@ -26,6 +26,8 @@ from datetime import date
 from pathlib import Path
 from typing import Final
 
+from ..errors import InvalidName as InvalidName
+
 __all__ = [
     "DB_FILENAME",
     "DIALOG_DIR",
@@ -57,10 +59,6 @@ TOOL_RESULT_DIR: Final = "tool_result"
 # "..", hidden files and option-looking names; ".." anywhere is refused too, as safe_name does.
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _DIALOG_FILE: Final = re.compile(r"\d{4}-\d{2}-\d{2}\.jsonl")
-
-
-class InvalidName(ValueError):
-    """A tenant, session, id or path component that is not a safe single path component."""
 
 
 def check_name(name: str, kind: str = "name") -> str:

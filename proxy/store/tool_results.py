@@ -22,6 +22,7 @@ import stat
 import time
 from pathlib import Path
 
+from ..errors import OffloadedFileMissing as OffloadedFileMissing
 from . import fs
 from .paths import (
     STAGING_DIR,
@@ -36,10 +37,6 @@ log = logging.getLogger("proxy.store")
 
 _SIZE_CACHE = 65536  # ids whose (non-ASCII) UTF-8 size is remembered
 _RID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-class OffloadedFileMissing(LookupError):
-    """The file is gone: expired (TTL) or never written. The message says what to do instead."""
 
 
 def result_id(tenant: str, session: str, content: str) -> str:

@@ -27,13 +27,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy.auth import Caller
-from proxy.errors import AuthRequired, BadRequest, NotFound, ProxyError
+from proxy.errors import AuthRequired, BadRequest, NotFound, OffloadedFileMissing, ProxyError
 from proxy.routes import services_of
 from proxy.services import Services
 from proxy.store.db import SessionRow, format_ts
 from proxy.store.dialog_read import parse_record
 from proxy.store.fs import Hidden, iter_chunks, list_files, open_dir, open_file, valid_name
-from proxy.store.tool_results import OffloadedFileMissing
 from proxy.web import render
 from proxy.web.access import Ask, Fmt, Window, ask_of, read_window
 
