@@ -168,6 +168,8 @@ class Reader:
                 final = orjson.dumps(data)
             tap(final)
             rounds_h = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
+            if settled is not None:
+                await settled()  # held writes done before the answer is complete
             await send_whole(send, status, out_headers + extra + [rounds_h], final)
             return state
 
@@ -244,6 +246,8 @@ class Reader:
         if want_usage and state.usage is not None:
             await emit(b"data: " + orjson.dumps({**meta, "object": "chat.completion.chunk",
                                                    "choices": [], "usage": state.usage}) + b"\n\n")
+        if settled is not None:
+            await settled()  # held writes done before the answer is complete
         await emit(_DONE)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return state
