@@ -12,37 +12,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from .background import Background
 from .lru import LRU
 from .metrics import Metrics
 from .session import Identity
-from .store.chains import DigestCacheLike, chain_hashes, chain_step
-from .store.dialog import FileSpan, RecordResult
+from .store.chains import chain_hashes, chain_step
+from .store.dialog import FileSpan
+from .store.interfaces import DialogStore
 from .store.sessions import SessionCounters
 from .upstream.assemble import StreamAssembler, message_from_completion
 from .writes import Mode, Writes
 
-__all__ = ["AnswerTap", "Archive", "DialogStore", "NullArchive"]
+__all__ = ["AnswerTap", "Archive", "NullArchive"]
 
 log = logging.getLogger("proxy.store")
-
-
-class DialogStore(Protocol):
-    """The archive's store (:class:`proxy.store.dialog.DialogArchive` on disk)."""
-
-    digest_cache: DigestCacheLike | None
-
-    def record(
-        self, tenant: str, session: str, messages: Sequence[Any], *,
-        chains: Sequence[str] | None = None, answer: dict[str, Any] | None = None,
-        now: datetime | None = None,
-    ) -> RecordResult: ...
-
-    def span(self, tenant: str, session: str, chains: Sequence[str], *,
-             exact: bool = False) -> list[FileSpan]: ...
 
 
 class AnswerTap:

@@ -26,8 +26,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Protocol
 
 from .archive import Archive, NullArchive
 from .auth import Gate
@@ -49,6 +49,7 @@ from .store.chains import DigestCache
 from .store.db import Database, SessionRow
 from .store.dialog import DialogArchive
 from .store.gc import collect
+from .store.interfaces import SessionIndex, Summaries
 from .store.sessions import SessionCounters
 from .store.summaries import SummaryRecord, SummaryStore
 from .store.tool_results import ToolResultStore
@@ -66,17 +67,14 @@ log = logging.getLogger("proxy")
 GC_INTERVAL_S = 3600.0
 
 
-class SessionIndex(Protocol):
-    def sessions(self, tenant: str | None = None) -> list[SessionRow]: ...
-
-    def session_stats(self, tenant: str, session: str) -> SessionRow | None: ...
-
-
-class SummaryHistory(Protocol):
-    def history(self, tenant: str, session: str) -> list[SummaryRecord]: ...
-
-
 class _NoSessions:
+    """No database: no counters to show."""
+
+    def update_session_stats(
+        self, tenant: str, session: str, *, now: datetime | None = None, **increments: int
+    ) -> SessionRow:
+        raise RuntimeError("no database")
+
     def sessions(self, tenant: str | None = None) -> list[SessionRow]:
         return []
 
@@ -85,6 +83,17 @@ class _NoSessions:
 
 
 class _NoSummaries:
+    """No database: no summaries (compaction is off then)."""
+
+    def get(self, tenant: str, session: str, chain: str) -> SummaryRecord | None:
+        return None
+
+    def chains(self, tenant: str, session: str) -> set[str]:
+        return set()
+
+    def put(self, record: SummaryRecord, *, replace: bool = False) -> SummaryRecord:
+        return record
+
     def history(self, tenant: str, session: str) -> list[SummaryRecord]:
         return []
 
@@ -99,7 +108,7 @@ class Services:
     router: LitellmRouter
     originals: ToolResultStore
     archive: Archive | NullArchive
-    summaries: SummaryHistory
+    summaries: Summaries
     sessions: SessionIndex
     compactor: Compactor | NullCompactor
     pipeline: Pipeline
@@ -219,7 +228,7 @@ async def open_services(
     db = await asyncio.to_thread(_open_db, config)
 
     archive: Archive | NullArchive = NullArchive()
-    summaries: SummaryHistory = _NoSummaries()
+    summaries: Summaries = _NoSummaries()
     sessions: SessionIndex = _NoSessions()
     compactor: Compactor | NullCompactor = NullCompactor()
     counters: SessionCounters | None = None

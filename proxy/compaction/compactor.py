@@ -20,14 +20,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from ..config import CompactionConfig
 from ..lru import LRU
 from ..pipeline.model import RequestView
-from ..store.dialog import FileSpan
+from ..store.interfaces import DialogStore, Summaries
 from ..store.summaries import SummaryRecord, markdown_size
 from ..writes import Mode, Writes
 from .client import Complete, SummarizerClient
@@ -44,19 +44,6 @@ log = logging.getLogger("proxy.pipeline")
 FlightKey = tuple[str, str, str]  # tenant, session, chain of the last replaced message
 
 
-class Summaries(Protocol):
-    def get(self, tenant: str, session: str, chain: str) -> SummaryRecord | None: ...
-
-    def chains(self, tenant: str, session: str) -> set[str]: ...
-
-    def put(self, record: SummaryRecord, *, replace: bool = False) -> SummaryRecord: ...
-
-
-class Spans(Protocol):
-    def span(self, tenant: str, session: str, chains: Sequence[str], *,
-             exact: bool = False) -> list[FileSpan]: ...
-
-
 class Compactor:
     enabled = True
 
@@ -65,7 +52,7 @@ class Compactor:
         config: CompactionConfig,
         *,
         summaries: Summaries,
-        archive: Spans,
+        archive: DialogStore,
         client: SummarizerClient,
         windows: ContextWindows,
     ) -> None:
@@ -74,7 +61,7 @@ class Compactor:
         self.archive = archive
         self.client = client
         self.windows = windows
-        self.index = SummaryIndex(summaries)  # type: ignore[arg-type]
+        self.index = SummaryIndex(summaries)
         self._records: LRU[FlightKey, SummaryRecord] = LRU(4096)
         self._flights: dict[FlightKey, asyncio.Future[SummaryRecord]] = {}
         self._prepared = PreparedCompactions()

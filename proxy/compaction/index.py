@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..lru import LRU
-from ..store.summaries import SummaryStore
+from ..store.interfaces import Summaries
 
 __all__ = ["SummaryIndex"]
 
 
 class SummaryIndex:
-    def __init__(self, store: SummaryStore, limit: int = 10_000) -> None:
+    def __init__(self, store: Summaries, limit: int = 10_000) -> None:
         self.store = store
         self._chains: LRU[tuple[str, str], frozenset[str]] = LRU(limit)
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..compaction.planner import Decision, Planner
+from ..store.interfaces import Originals
 from ..store.summaries import SummaryRecord
 from ..writes import Mode
 from .ageing import aged_at
@@ -38,25 +39,11 @@ from .model import FileWrite, Message, PipelineResult, RequestView, Stage, Stage
 from .offload import Offloader
 from .validate import ValidateStage
 
-__all__ = ["Originals", "Pipeline"]
+__all__ = ["Pipeline"]
 
 log = logging.getLogger("proxy.pipeline")
 
 T = TypeVar("T")
-
-
-class Originals(Protocol):
-    """Where offloaded originals are kept (:mod:`proxy.store.tool_results` on disk)."""
-
-    def needs_write(self, tenant: str, session: str, rid: str, content: str) -> bool: ...
-
-    def write(self, tenant: str, session: str, rid: str, content: str) -> int: ...
-
-    def stage(self, rid: str, content: str) -> tuple[str, int]: ...
-
-    def promote(self, tenant: str, session: str, rid: str, token: str) -> None: ...
-
-    def discard(self, token: str) -> None: ...
 
 
 class Compaction(Protocol):

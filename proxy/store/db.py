@@ -6,10 +6,12 @@ and per-session counters. Files on disk are the record for people; this database
 
 Connection policy, and why:
 
-* One connection per :class:`Database`, opened with ``check_same_thread=False`` and guarded by a
-  ``threading.RLock``: the app calls from the event-loop thread and from worker threads, and
-  sqlite3 connections must not be used concurrently. Re-entrant so a store method can call
-  another (e.g. ``update_session_stats``) inside its own transaction.
+* One writer connection per :class:`Database`, guarded by a ``threading.RLock`` (re-entrant so a
+  store method can call another, e.g. ``update_session_stats``, inside its own transaction), and
+  one read-only connection per thread that reads: with WAL, readers never wait for the writer,
+  so ``/files`` and lookups never queue behind the archive write every chat request makes. A
+  read from inside a write transaction of the same thread uses the writer (and sees its own
+  uncommitted writes).
 * ``isolation_level=None`` (autocommit) with explicit ``BEGIN IMMEDIATE`` in
   :meth:`Database.transaction`: Python's implicit transactions would start a deferred one that
   can fail to upgrade to a write lock under contention; IMMEDIATE takes the write lock up front
@@ -196,6 +198,10 @@ class Database:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._closed = False
+        self._busy_timeout_s = busy_timeout_s
+        self._owner: int | None = None  # the thread inside a write transaction
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
         conn = sqlite3.connect(
             self.path,
             timeout=busy_timeout_s,
@@ -225,41 +231,71 @@ class Database:
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        """The connection, with the lock held, for reads (autocommit, no explicit transaction)."""
+        """A connection for reads (autocommit): this thread's read-only one, or the writer when
+        this thread is inside a write transaction."""
+        if self._owner == threading.get_ident():
+            yield self._conn
+            return
+        if self._closed:
+            raise sqlite3.ProgrammingError("database is closed")
+        reader: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if reader is None:
+            reader = self._open_reader()
+            self._local.conn = reader
+        yield reader
+
+    def _open_reader(self) -> sqlite3.Connection:
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        reader = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_s,
+                                 isolation_level=None, check_same_thread=False)
+        reader.row_factory = sqlite3.Row
+        reader.execute("PRAGMA synchronous=NORMAL")  # as the writer's (readers never write)
         with self._lock:
             if self._closed:
+                reader.close()
                 raise sqlite3.ProgrammingError("database is closed")
-            yield self._conn
+            self._readers.append(reader)
+        return reader
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (``BEGIN IMMEDIATE``) with the lock held; commits on success.
+        """A write transaction (``BEGIN IMMEDIATE``) with the writer's lock held; commits on
+        success.
 
         Nested use inside an open transaction of the same thread joins the outer one, so
         helpers can be composed; only the outermost commits or rolls back.
         """
-        with self.connect() as conn:
+        with self._lock:
+            if self._closed:
+                raise sqlite3.ProgrammingError("database is closed")
+            conn = self._conn
             if conn.in_transaction:
                 yield conn
                 return
             conn.execute("BEGIN IMMEDIATE")
+            self._owner = threading.get_ident()
             try:
                 yield conn
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+            finally:
+                self._owner = None
             conn.execute("COMMIT")
 
     @property
     def schema_version(self) -> int:
-        with self.connect() as conn:
-            return int(conn.execute("PRAGMA user_version").fetchone()[0])
+        with self._lock:
+            return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
 
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            for reader in self._readers:
+                reader.close()
+            self._readers.clear()
             self._conn.close()
 
     def __enter__(self) -> Database:

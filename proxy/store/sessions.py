@@ -6,22 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from datetime import datetime
-from typing import Protocol
+
+from .interfaces import SessionIndex
 
 __all__ = ["SessionCounters"]
 
 log = logging.getLogger("proxy.store")
 
 
-class CounterStore(Protocol):
-    def update_session_stats(
-        self, tenant: str, session: str, *, now: datetime | None = None, **increments: int
-    ) -> object: ...
-
-
 class SessionCounters:
-    def __init__(self, store: CounterStore, interval: float = 1.0) -> None:
+    def __init__(self, store: SessionIndex, interval: float = 1.0) -> None:
         self.store = store
         self.interval = interval
         self._pending: dict[tuple[str, str], dict[str, int]] = {}

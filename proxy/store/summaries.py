@@ -165,6 +165,11 @@ def _record(row: sqlite3.Row) -> SummaryRecord:
     )
 
 
+def _replaces(existing: SummaryRecord, record: SummaryRecord, replace: bool) -> bool:
+    """First writer wins, except that a model-written summary replaces a fallback one."""
+    return replace or (existing.source == "fallback" and record.source == "model")
+
+
 class SummaryStore:
     """Summary cache over the shared database, plus the human-readable ``.md`` copies."""
 
@@ -219,29 +224,40 @@ class SummaryStore:
 
     def put(self, record: SummaryRecord, *, replace: bool = False) -> SummaryRecord:
         """Store ``record`` (see the module docstring for an existing chain); returns the
-        record now stored, which is the existing one when it was kept."""
-        with self.db.transaction() as conn:
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM summaries WHERE tenant = ? AND session = ? AND chain = ?",
-                (record.tenant, record.session, record.chain),
-            ).fetchone()
-            existing = None if row is None else _record(row)
-            if existing is not None and not (
-                replace or (existing.source == "fallback" and record.source == "model")
-            ):
-                return existing
-            # The .md first: if the commit then fails the file is an orphan, never a row
-            # pointing at nothing.
-            fs.write_atomic(self.data_dir, self.md_parts(record), _markdown(record),
-                            fsync=self.fsync)
-            conn.execute(
-                f"INSERT OR REPLACE INTO summaries ({_COLUMNS}) VALUES ({_MARKS})",
-                _row(record),
-            )
-        if existing is not None and existing.md_name != record.md_name:
+        record now stored, which is the existing one when it was kept.
+
+        The ``.md`` copy is written (and fsynced) before the write transaction, not inside it:
+        the database's writer is never held while a disk flushes. If the commit then fails, or
+        a concurrent put wins, the file is removed again: never a row pointing at nothing.
+        """
+        existing = self.get(record.tenant, record.session, record.chain)
+        if existing is not None and not _replaces(existing, record, replace):
+            return existing
+        fs.write_atomic(self.data_dir, self.md_parts(record), _markdown(record), fsync=self.fsync)
+        try:
+            with self.db.transaction() as conn:
+                row = conn.execute(
+                    f"SELECT {_COLUMNS} FROM summaries WHERE tenant = ? AND session = ? "
+                    "AND chain = ?",
+                    (record.tenant, record.session, record.chain),
+                ).fetchone()
+                existing = None if row is None else _record(row)
+                if existing is None or _replaces(existing, record, replace):
+                    conn.execute(
+                        f"INSERT OR REPLACE INTO summaries ({_COLUMNS}) VALUES ({_MARKS})",
+                        _row(record),
+                    )
+                    stored, dropped = record, existing
+                else:
+                    stored, dropped = existing, record  # another writer was first
+        except BaseException:
             with contextlib.suppress(OSError):
-                fs.unlink(self.data_dir, self.md_parts(existing))
-        return record
+                fs.unlink(self.data_dir, self.md_parts(record))
+            raise
+        if dropped is not None and dropped.md_name != stored.md_name:
+            with contextlib.suppress(OSError):
+                fs.unlink(self.data_dir, self.md_parts(dropped))
+        return stored
 
     def history(self, tenant: str, session: str) -> list[SummaryRecord]:
         """All summaries of a session, oldest first."""
