@@ -33,6 +33,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from ..pipeline.model import Message
+
 __all__ = [
     "MIN_INPUT_CHARS",
     "MIN_SHORTEN",
@@ -49,7 +51,6 @@ __all__ = [
     "tool_calls",
 ]
 
-Message = Mapping[str, Any]
 
 SECTIONS: Final[tuple[str, ...]] = (
     "## Goal",
