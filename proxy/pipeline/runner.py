@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..compaction.planner import Decision, Planner
+from ..lru import LRU
 from ..store.interfaces import Originals
 from ..store.summaries import SummaryRecord
 from ..writes import Mode
@@ -82,6 +83,9 @@ class Pipeline:
         self.validate = ValidateStage()
         self.count = CountStage(counter)
         self.custom = list(stages) if stages is not None else None
+        # Sessions this process has counted before: a session seen for the first time (a new
+        # one, or one resumed after a restart) has its whole history to tokenize.
+        self._seen: LRU[tuple[str, str], bool] = LRU(65536)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -134,6 +138,7 @@ class Pipeline:
                 continue
             messages = outcome.messages
             _add(stats, outcome.stats)
+        self._seen.put((request.identity.tenant, request.identity.session), True)
         changed = len(messages) != len(history) or any(
             a is not b for a, b in zip(messages, history, strict=False)
         )
@@ -174,7 +179,12 @@ class Pipeline:
         return fn(*args)
 
     def _tokenizes(self, messages: Sequence[Message], request: RequestView) -> bool:
-        return request.large and self.counter.needs_work(messages, request.model)
+        if not request.large:
+            return False
+        ident = request.identity
+        if self._seen.get((ident.tenant, ident.session)) is None:
+            return True
+        return self.counter.needs_work(messages, request.model)
 
     # -- offload ---------------------------------------------------------------------------
 
