@@ -24,8 +24,9 @@ from .access import AccessLog
 from .asgi import send_error
 from .auth import Gate
 from .config import Config
-from .conversation import ChatCompletions
+from .conversation import Conversation
 from .errors import AuthRequired, ProxyError, envelope
+from .formats.chat import CHAT
 from .metrics import Metrics
 from .pipeline.model import Stage
 from .routes import Health, MetricsPage, Models, PassThrough
@@ -167,7 +168,7 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
 
     metrics = Metrics()
     gate = Gate(config.auth)
-    chat = ChatCompletions()
+    chat = Conversation(CHAT)
     passthrough = PassThrough()
     files = FilesApp()
     routes = [

@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``: a conversation through the pipeline.
+"""A conversation through the pipeline, in any wire format (:mod:`proxy.formats`).
 
     read body -> parse (format) -> tenant, session -> what may be written -> archive the request
     -> pipeline -> write the forwarded body (only what changed) -> forward (raw, through the
@@ -19,7 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from .archive import AnswerTap
 from .asgi import JSON_CT, Headers, read_body, run_until_disconnect, send_whole, timing_of
-from .formats import chat
+from .formats import Format
+from .formats.chat import CHAT
 from .metrics import Metrics
 from .pipeline.model import PipelineResult, RequestView
 from .retrieval.loop import Reader, Rounds
@@ -28,7 +29,7 @@ from .services import Services
 from .session import Identity, resolve
 from .writes import Mode, Writes
 
-__all__ = ["HUGE_BODY", "LARGE_BODY", "ChatCompletions", "ctx_headers"]
+__all__ = ["HUGE_BODY", "LARGE_BODY", "Conversation", "ctx_headers"]
 
 log = logging.getLogger("proxy.access")
 
@@ -60,37 +61,45 @@ def ctx_headers(identity: Identity, result: PipelineResult, raw: bytes, out: byt
     ]
 
 
-class ChatCompletions:
-    """POST /v1/chat/completions and /chat/completions."""
+class Conversation:
+    """``POST`` of a conversation in one wire format."""
+
+    def __init__(self, fmt: Format) -> None:
+        self.fmt = fmt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         svc = services_of(scope)
         caller = caller_of(scope)
+        fmt = self.fmt
         raw = await read_body(scope, receive, svc.max_body)
         large, huge = len(raw) >= LARGE_BODY, len(raw) >= HUGE_BODY
-        body = await _cpu(huge, chat.parse, raw, svc.config.server.max_messages)
-        identity = resolve(header_map(scope), body, tenant=caller.tenant)
-        model: str = body["model"]
-        params = svc.router.match(model)
+        parsed = await _cpu(huge, fmt.parse, raw, svc.config.server.max_messages)
+        body = parsed.body
+        identity = resolve(header_map(scope), body, tenant=caller.tenant, history=parsed.history)
+        # litellm routes translate chat completions only; other formats go to the upstream.
+        params = svc.router.match(parsed.model) if fmt is CHAT else None
         # The provider judges the key only when it is the client's own and goes upstream.
         judges = not caller.gated and params is None and svc.config.upstream.api_key is None
         writes = svc.writes.for_request(
             identity.tenant, provider_judges=judges, limit_mb=caller.max_disk_mb
         )
-        sent = body["messages"]
+        sent = parsed.items
         chains = await _cpu(huge, svc.archive.chains, sent)
         await svc.archive.record_request(identity, sent, chains, writes)
         view = RequestView(
-            model=model, body=body, identity=identity, chains=chains, headers=scope["headers"],
-            writes=writes, large=large,
+            model=parsed.model, body=body, identity=identity,
+            # A history kept upstream is slimmed but never compacted here.
+            chains=() if parsed.continued else parsed.message_chains(chains),
+            headers=scope["headers"], writes=writes, history=parsed.history,
+            tools=parsed.tools, large=large,
         )
         result = await svc.pipeline.run(view)
         timing_of(scope).pipeline_ms = result.elapsed_ms
         _count(svc.metrics, result.stats)
-        forwarded = result.messages if result.changed else sent
-        reads = params is None and svc.reader.needed(forwarded)
+        forwarded = result.messages if result.changed else parsed.history
+        reads = fmt is CHAT and params is None and svc.reader.needed(forwarded)
         if result.changed:
-            out = await _cpu(huge, chat.write, raw, sent, result.messages)
+            out = await _cpu(huge, fmt.write, raw, parsed, result.messages)
         else:
             out = raw  # nothing changed: the upstream gets the client's bytes exactly
         extra = ctx_headers(identity, result, raw, out)
@@ -107,7 +116,7 @@ class ChatCompletions:
                               rounds, writes)
         else:
             work = svc.forwarder.forward(
-                scope, send, "POST", "chat/completions", out, extra=extra,
+                scope, send, "POST", fmt.subpath, out, extra=extra,
                 stream_tap=tap.stream, whole_tap=tap.whole,
                 on_status=writes.settle, before_end=writes.drain, buffer_unknown=True,
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,10 +77,15 @@ def derived_session(tenant: str, messages: list[Any]) -> str:
 
 
 def resolve(
-    headers: Mapping[str, str], body: Mapping[str, Any], *, tenant: str | None = None
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    *,
+    tenant: str | None = None,
+    history: Sequence[Any] | None = None,
 ) -> Identity:
     """The request's tenant (``tenant``, as the gate decided; else from the client's key) and
-    session."""
+    session; ``history``: the conversation in the pipeline's model (default: the body's
+    ``messages``), for a session derived from its first system and user messages."""
     key = client_key(headers)
     if tenant is None:
         tenant = tenant_of(key)
@@ -91,5 +96,7 @@ def resolve(
     sid = _body_session(body)
     if sid is not None:
         return Identity(tenant, safe_name(sid), key)
-    messages = body.get("messages")
-    return Identity(tenant, derived_session(tenant, messages if isinstance(messages, list) else []), key)
+    if history is None:
+        found = body.get("messages")
+        history = found if isinstance(found, list) else []
+    return Identity(tenant, derived_session(tenant, list(history)), key)

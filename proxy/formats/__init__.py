@@ -1,3 +1,58 @@
-"""Wire formats read into the pipeline's message model and written back, changing only what the
-pipeline changed: :mod:`.chat` (chat completions); :mod:`.json` splices raw JSON, :mod:`.body`
-holds the checks every format shares."""
+"""Wire formats, read into the pipeline's message model and written back changing only what the
+pipeline changed.
+
+A :class:`Format` turns a request body into a :class:`Parsed` request: the client's own items
+(what the archive keeps, exactly as sent), the pipeline's messages (chat-completions dicts: the
+one model every stage works on) and which items each message stands for. After the pipeline it
+writes the forwarded body from the client's bytes, re-serialising only the items behind changed
+messages (:mod:`.json`). Formats: :mod:`.chat` (chat completions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..pipeline.model import Message
+
+__all__ = ["Format", "Parsed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A request body read by its format."""
+
+    body: dict[str, Any]
+    model: str
+    items: list[Any]  # the conversation as the client sent it: what is archived and hashed
+    history: list[Message]  # the pipeline's model of it
+    # For each history message, the items it stands for (``range(i, i + 1)`` when 1:1).
+    spans: Sequence[range] = ()
+    tools: Sequence[Mapping[str, Any]] | None = None  # tool schemas in chat shape, for counting
+    stream: bool = False
+    # The history lives upstream (a stored previous response): only the new items are here,
+    # so they are slimmed but never compacted.
+    continued: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)  # format-private
+
+    def message_chains(self, item_chains: Sequence[str]) -> list[str]:
+        """The chain of each history message: the chain of the last item it stands for (a
+        summary replacing messages up to ``i`` is found by ``chains[i]``)."""
+        if not self.spans:
+            return list(item_chains)
+        if len(item_chains) != len(self.items):
+            return []
+        return [item_chains[span[-1]] for span in self.spans]
+
+
+class Format(Protocol):
+    name: str  # "chat", ...
+    subpath: str  # the upstream endpoint below the base URL
+
+    def parse(self, raw: bytes, max_items: int) -> Parsed: ...
+
+    def write(
+        self, raw: bytes, parsed: Parsed, messages: Sequence[Message] | None, *,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> bytes: ...

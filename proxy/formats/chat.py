@@ -8,10 +8,10 @@ from typing import Any
 
 from ..errors import BadRequest
 from ..pipeline.model import Message
-from . import json
+from . import Parsed, json
 from .body import json_type, load_object, require_model
 
-__all__ = ["parse", "write"]
+__all__ = ["CHAT", "ChatFormat", "parse", "write"]
 
 
 def parse(raw: bytes, max_messages: int = 100_000) -> dict[str, Any]:
@@ -73,3 +73,28 @@ def write(
 
 def _is_array(raw: json.RawJSON | None) -> bool:
     return raw is not None and bytes(memoryview(raw)[:1]) == b"["
+
+
+class ChatFormat:
+    """Chat completions: items are messages, and the pipeline's model is the format itself."""
+
+    name = "chat"
+    subpath = "chat/completions"
+
+    def parse(self, raw: bytes, max_items: int) -> Parsed:
+        body = parse(raw, max_items)
+        messages: list[Message] = body["messages"]
+        tools = body.get("tools")
+        return Parsed(
+            body=body, model=body["model"], items=messages, history=messages,
+            tools=tools if isinstance(tools, list) else None, stream=body.get("stream") is True,
+        )
+
+    def write(
+        self, raw: bytes, parsed: Parsed, messages: Sequence[Message] | None, *,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> bytes:
+        return write(raw, parsed.history, messages, tools=tools)
+
+
+CHAT = ChatFormat()
