@@ -22,37 +22,11 @@ from .store.chains import chain_hashes, chain_step
 from .store.dialog import FileSpan
 from .store.interfaces import DialogStore
 from .store.sessions import SessionCounters
-from .upstream.assemble import StreamAssembler, message_from_completion
 from .writes import Mode, Writes
 
-__all__ = ["AnswerTap", "Archive", "NullArchive"]
+__all__ = ["Archive", "NullArchive"]
 
 log = logging.getLogger("proxy.store")
-
-
-class AnswerTap:
-    """Sees the answer's bytes as they pass to the client, to archive it assembled."""
-
-    __slots__ = ("assembler", "body")
-
-    def __init__(self) -> None:
-        self.assembler: StreamAssembler | None = None
-        self.body: bytes | None = None
-
-    def stream(self, chunk: bytes) -> None:
-        if self.assembler is None:
-            self.assembler = StreamAssembler()
-        self.assembler.feed(chunk)
-
-    def whole(self, body: bytes) -> None:
-        self.body = body
-
-    def message(self) -> dict[str, Any] | None:
-        if self.assembler is not None:
-            return self.assembler.message()
-        if self.body is not None:
-            return message_from_completion(self.body)
-        return None
 
 
 class _KnownChains:
@@ -126,12 +100,13 @@ class Archive:
         identity: Identity,
         messages: Sequence[Any],
         chains: Sequence[str],
-        answer: dict[str, Any] | None,
+        answer: dict[str, Any] | Sequence[dict[str, Any]] | None,
         stats: Mapping[str, int],
         writes: Writes,
         internal: Sequence[Any] = (),
     ) -> None:
-        """After the response: archive the answer and count the turn, off the request's path.
+        """After the response: archive the answer (a message, or the list of items a Responses
+        answer has) and count the turn, off the request's path.
         Only for a request whose writes are on (a key the provider rejected, or a tenant over
         its quota, leaves no trace)."""
         if writes.mode is not Mode.NOW:
@@ -144,12 +119,14 @@ class Archive:
             compactions=int(stats.get("compactions", 0)),
             offloads=int(stats.get("offloaded", 0)),
         )
-        if answer is None and not internal:
+        if not answer and not internal:
             return
         store = self.store
         if not internal and len(chains) == len(messages):
-            answer_chain = chain_step(chains[-1] if chains else None, answer, store.digest_cache)
-            if self.known.all_known(tenant, session, (answer_chain,)):
+            answer_chain = chains[-1] if chains else None
+            for one in [answer] if isinstance(answer, dict) else list(answer or ()):
+                answer_chain = chain_step(answer_chain, one, store.digest_cache)
+            if answer_chain and self.known.all_known(tenant, session, (answer_chain,)):
                 return
 
         def record() -> int:
@@ -197,8 +174,8 @@ class NullArchive:
 
     def record_answer_later(
         self, identity: Identity, messages: Sequence[Any], chains: Sequence[str],
-        answer: dict[str, Any] | None, stats: Mapping[str, int], writes: Writes,
-        internal: Sequence[Any] = (),
+        answer: dict[str, Any] | Sequence[dict[str, Any]] | None, stats: Mapping[str, int],
+        writes: Writes, internal: Sequence[Any] = (),
     ) -> None:
         return None
 

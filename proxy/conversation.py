@@ -17,9 +17,8 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from .archive import AnswerTap
 from .asgi import JSON_CT, Headers, read_body, run_until_disconnect, send_whole, timing_of
-from .formats import Format
+from .formats import Format, Tap
 from .formats.chat import CHAT
 from .metrics import Metrics
 from .pipeline.model import PipelineResult, RequestView
@@ -105,7 +104,7 @@ class Conversation:
         extra = ctx_headers(identity, result, raw, out)
         if writes.mode is Mode.OFF:
             extra.append((b"x-ctxproxy-quota", b"exceeded"))
-        tap = AnswerTap()
+        tap = fmt.tap()
         rounds = Rounds()
         if params is not None:
             work = _via_litellm(svc, params, {**body, "messages": forwarded}, extra, scope, send,
@@ -129,13 +128,13 @@ class Conversation:
         finally:
             writes.finish(disconnected=disconnected)
             svc.archive.record_answer_later(
-                identity, sent, chains, tap.message(), result.stats, writes, rounds.internal
+                identity, sent, chains, tap.answer(), result.stats, writes, rounds.internal
             )
 
 
 async def _via_reads(
     reader: Reader, svc: Services, scope: Scope, send: Send, body: dict[str, Any],
-    extra: Headers, tap: AnswerTap, identity: Identity, rounds: Rounds, writes: Writes,
+    extra: Headers, tap: Tap, identity: Identity, rounds: Rounds, writes: Writes,
 ) -> None:
     """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
     up = svc.upstream
@@ -154,7 +153,7 @@ async def _via_reads(
 
 async def _via_litellm(
     svc: Services, params: Mapping[str, Any], body: dict[str, Any], extra: Headers,
-    scope: Scope, send: Send, tap: AnswerTap,
+    scope: Scope, send: Send, tap: Tap,
 ) -> None:
     timing = timing_of(scope)
     timing.restart()

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from ..pipeline.model import Message
 
-__all__ = ["Format", "Parsed"]
+__all__ = ["Format", "Parsed", "Tap"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +46,21 @@ class Parsed:
         return [item_chains[span[-1]] for span in self.spans]
 
 
+class Tap(Protocol):
+    """Watches an answer's bytes as they are relayed, to archive it."""
+
+    def stream(self, chunk: bytes) -> None: ...
+
+    def whole(self, body: bytes) -> None: ...
+
+    def answer(self) -> dict[str, Any] | list[Any] | None: ...
+
+
 class Format(Protocol):
     name: str  # "chat", ...
     subpath: str  # the upstream endpoint below the base URL
+
+    def tap(self) -> Tap: ...
 
     def parse(self, raw: bytes, max_items: int) -> Parsed: ...
 

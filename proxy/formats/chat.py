@@ -8,10 +8,11 @@ from typing import Any
 
 from ..errors import BadRequest
 from ..pipeline.model import Message
+from ..upstream.assemble import StreamAssembler, message_from_completion
 from . import Parsed, json
 from .body import json_type, load_object, require_model
 
-__all__ = ["CHAT", "ChatFormat", "parse", "write"]
+__all__ = ["CHAT", "ChatFormat", "ChatTap", "parse", "write"]
 
 
 def parse(raw: bytes, max_messages: int = 100_000) -> dict[str, Any]:
@@ -75,11 +76,41 @@ def _is_array(raw: json.RawJSON | None) -> bool:
     return raw is not None and bytes(memoryview(raw)[:1]) == b"["
 
 
+class ChatTap:
+    """Sees the answer's bytes as they pass to the client, to archive it assembled as one
+    assistant message."""
+
+    __slots__ = ("assembler", "body")
+
+    def __init__(self) -> None:
+        self.assembler: StreamAssembler | None = None
+        self.body: bytes | None = None
+
+    def stream(self, chunk: bytes) -> None:
+        if self.assembler is None:
+            self.assembler = StreamAssembler()
+        self.assembler.feed(chunk)
+
+    def whole(self, body: bytes) -> None:
+        self.body = body
+
+    def answer(self) -> dict[str, Any] | None:
+        """The assistant message, as the non-stream answer would carry it."""
+        if self.assembler is not None:
+            return self.assembler.message()
+        if self.body is not None:
+            return message_from_completion(self.body)
+        return None
+
+
 class ChatFormat:
     """Chat completions: items are messages, and the pipeline's model is the format itself."""
 
     name = "chat"
     subpath = "chat/completions"
+
+    def tap(self) -> ChatTap:
+        return ChatTap()
 
     def parse(self, raw: bytes, max_items: int) -> Parsed:
         body = parse(raw, max_items)

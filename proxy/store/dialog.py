@@ -195,13 +195,14 @@ class DialogArchive:
         messages: Sequence[Any],
         *,
         chains: Sequence[str] | None = None,
-        answer: dict[str, Any] | None = None,
+        answer: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
         now: datetime | None = None,
     ) -> RecordResult:
         """Archive the messages of a request (and the model's answer) not archived yet.
 
         ``chains`` may be passed when the caller already computed them for this exact list.
-        ``answer`` is recorded at position ``len(messages)`` after the last message. Blocking
+        ``answer`` is recorded at position ``len(messages)`` after the last message (a list of
+        answer items, as the Responses API returns, one after the other). Blocking
         (disk + database lock): call it from a worker thread when on the event loop.
         """
         moment = utc(now)
@@ -217,10 +218,12 @@ class DialogArchive:
             for i, m in enumerate(messages)
         ]
         answer_chain: str | None = None
-        if answer is not None:
-            parent = chain_list[-1] if chain_list else None
-            answer_chain = chain_step(parent, answer, self.digest_cache)
-            items.append(_Pending(len(messages), answer_chain, parent, answer))
+        answers = [] if answer is None else [answer] if isinstance(answer, dict) else list(answer)
+        parent = chain_list[-1] if chain_list else None
+        for k, one in enumerate(answers):
+            answer_chain = chain_step(parent, one, self.digest_cache)
+            items.append(_Pending(len(messages) + k, answer_chain, parent, one))
+            parent = answer_chain
         frozen_chains = tuple(chain_list)
         if not items:
             return RecordResult(0, None, None, frozen_chains, answer_chain, False)

@@ -50,7 +50,8 @@ class DialogStore(Protocol):
 
     def record(
         self, tenant: str, session: str, messages: Sequence[Any], *,
-        chains: Sequence[str] | None = None, answer: dict[str, Any] | None = None,
+        chains: Sequence[str] | None = None,
+        answer: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
         now: datetime | None = None,
     ) -> RecordResult: ...
 
