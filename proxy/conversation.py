@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import orjson
 from starlette.types import Receive, Scope, Send
 
 from .asgi import JSON_CT, Headers, read_body, run_until_disconnect, send_whole, timing_of
@@ -22,7 +23,7 @@ from .formats import Format, Tap
 from .formats.chat import CHAT
 from .metrics import Metrics
 from .pipeline.model import PipelineResult, RequestView
-from .retrieval.loop import Reader, Rounds
+from .retrieval.loop import ReadLoop, Rounds
 from .routes import caller_of, header_map, services_of
 from .services import Services
 from .session import Identity, resolve
@@ -96,7 +97,8 @@ class Conversation:
         timing_of(scope).pipeline_ms = result.elapsed_ms
         _count(svc.metrics, result.stats)
         forwarded = result.messages if result.changed else parsed.history
-        reads = fmt is CHAT and params is None and svc.reader.needed(forwarded)
+        reader = svc.readers.get(fmt.name)
+        reads = reader is not None and params is None and reader.needed(forwarded)
         if result.changed:
             out = await _cpu(huge, fmt.write, raw, parsed, result.messages)
         else:
@@ -109,9 +111,9 @@ class Conversation:
         if params is not None:
             work = _via_litellm(svc, params, {**body, "messages": forwarded}, extra, scope, send,
                                 tap)
-        elif reads and isinstance(svc.reader, Reader):
-            loop_body = svc.reader.with_tool({**body, "messages": forwarded})
-            work = _via_reads(svc.reader, svc, scope, send, loop_body, extra, tap, identity,
+        elif reads and reader is not None:
+            loop_body = reader.with_tool(orjson.loads(out))
+            work = _via_reads(reader, fmt, svc, scope, send, loop_body, extra, tap, identity,
                               rounds, writes)
         else:
             work = svc.forwarder.forward(
@@ -133,13 +135,14 @@ class Conversation:
 
 
 async def _via_reads(
-    reader: Reader, svc: Services, scope: Scope, send: Send, body: dict[str, Any],
-    extra: Headers, tap: Tap, identity: Identity, rounds: Rounds, writes: Writes,
+    reader: ReadLoop, fmt: Format, svc: Services, scope: Scope, send: Send,
+    body: dict[str, Any], extra: Headers, tap: Tap, identity: Identity, rounds: Rounds,
+    writes: Writes,
 ) -> None:
     """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
     up = svc.upstream
     timing_of(scope).restart()
-    url = up.url("chat/completions", scope.get("query_string", b""))
+    url = up.url(fmt.subpath, scope.get("query_string", b""))
     headers = up.request_headers(scope["headers"])
     if body.get("stream") is True:
         done = await reader.stream(send, body, url, headers, extra, identity, tap.stream,

@@ -9,7 +9,7 @@
       summaries, sessions      summary records and per-session counters (for /files)
       compactor                finds, obtains, prepares and keeps summaries
       pipeline                 the pure stages and their effects, per request
-      reader                   the proxy's read tool and its loop
+      readers                  the proxy's read tool and its loop, per wire format
       writes, usage            what a request may write; disk used per tenant
       background               work after the response, drained on shutdown (and by tests)
       gc                       expiry and disk measurement, at start-up and hourly
@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -43,7 +43,8 @@ from .pipeline.model import Stage
 from .pipeline.offload import Offloader
 from .pipeline.runner import Pipeline
 from .pipeline.tokens import TokenCounter
-from .retrieval.loop import NullReader, Reader
+from .retrieval.loop import Reader, ReadLoop
+from .retrieval.responses_loop import ResponsesReader
 from .retrieval.tool import ReadTool
 from .store.chains import DigestCache
 from .store.db import Database, SessionRow
@@ -112,7 +113,7 @@ class Services:
     sessions: SessionIndex
     compactor: Compactor | NullCompactor
     pipeline: Pipeline
-    reader: Reader | NullReader
+    readers: Mapping[str, ReadLoop]  # by format name; none when the read tool is off
     writes: WritePolicy
     usage: DiskUsage
     background: Background
@@ -258,9 +259,12 @@ async def open_services(
         old_max_bytes=config.offload.old_max_bytes,
         stages=stages,
     )
-    reader: Reader | NullReader = NullReader()
+    readers: dict[str, ReadLoop] = {}
     if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
-        reader = Reader(upstream, ReadTool(config, originals), config.retrieval.max_rounds)
+        tool = ReadTool(config, originals)
+        rounds = config.retrieval.max_rounds
+        readers = {"chat": Reader(upstream, tool, rounds),
+                   "responses": ResponsesReader(upstream, tool, rounds)}
     _live_metrics(metrics, summarizer, compactor)
     # The encoding (~0.4 s) and the window map load before the port accepts requests: building
     # the encoding holds the GIL for most of that time, which would stall the event loop (and
@@ -271,7 +275,7 @@ async def open_services(
         config=config, gate=gate, metrics=metrics, upstream=upstream,
         forwarder=Forwarder(upstream), router=router, originals=originals, archive=archive,
         summaries=summaries, sessions=sessions, compactor=compactor, pipeline=pipeline,
-        reader=reader, writes=writes, usage=usage, background=background, database=db,
+        readers=readers, writes=writes, usage=usage, background=background, database=db,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
     )
     services.gc.start(services.collect_garbage)

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -384,13 +384,22 @@ def _drop_calls(choice: dict[str, Any], theirs: list[Any]) -> None:
     choice["message"] = msg
 
 
-class NullReader:
-    """The read tool is off (``retrieval.mode`` other than proxy, or ``max_rounds: 0``)."""
+class ReadLoop(Protocol):
+    """A read-tool loop for one wire format (this module's :class:`Reader` for chat
+    completions, :class:`~proxy.retrieval.responses_loop.ResponsesReader`, ...)."""
 
-    enabled = False
+    def needed(self, messages: Sequence[Any]) -> bool: ...
 
-    def needed(self, messages: Sequence[Any]) -> bool:
-        return False
+    def with_tool(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
-    def with_tool(self, body: dict[str, Any]) -> dict[str, Any]:
-        return body
+    async def non_stream(
+        self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
+        extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+        on_status: OnStatus = None, settled: Settled = None,
+    ) -> Rounds: ...
+
+    async def stream(
+        self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
+        extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+        on_status: OnStatus = None, settled: Settled = None,
+    ) -> Rounds: ...

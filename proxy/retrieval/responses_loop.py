@@ -1,0 +1,383 @@
+"""The read-tool loop for the Responses API (SPEC 7 and 11): the proxy's own ``function_call``
+items are run by the proxy and never reach the client.
+
+A round whose output calls only the proxy's tool is internal: its calls are answered with
+``function_call_output`` items and the model is asked again, the round's output items (reasoning
+with its encrypted content included) and the results appended to ``input`` (or, for a request
+that continues a stored response, the next round continues the round's response). A round that
+calls the client's tools, or nothing, is the answer; the proxy's calls in it are dropped.
+
+Non-streaming, the client gets the last round's response without the proxy's calls, usage summed
+over the rounds. Streaming, events pass as they come with three changes: the proxy's call items
+(and their argument deltas) are withheld, with a reasoning item that leads straight into one
+(the client must never hold a reasoning item without the item that followed it); every
+``output_index`` and ``sequence_number`` is renumbered so the client sees one response with
+consecutive items; the ``response.created``/``in_progress`` of later rounds and the terminal
+event of internal rounds are withheld, and the final ``response.completed`` carries every item
+the client saw, usage summed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.types import Send
+from yarl import URL
+
+from ..asgi import Headers, send_whole
+from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from ..session import Identity
+from ..upstream.http import Upstream, response_headers
+from ..upstream.relay import read_whole, redact_secret
+from ..upstream.sse import SSEDecoder
+from .loop import OnStatus, Rounds, Settled
+from .tool import ReadTool
+
+__all__ = ["ResponsesReader"]
+
+log = logging.getLogger("proxy.upstream")
+
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
+_CLIENT_CALLS = frozenset({"function_call", "custom_tool_call", "local_shell_call", "shell_call",
+                           "apply_patch_call", "computer_call", "program"})
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+class ResponsesReader:
+    enabled = True
+
+    def __init__(self, upstream: Upstream, tool: ReadTool, max_rounds: int) -> None:
+        self.upstream = upstream
+        self.tool = tool
+        self.max_rounds = max_rounds
+
+    def needed(self, messages: Sequence[Any]) -> bool:
+        return self.tool.needed(messages)
+
+    def with_tool(self, body: dict[str, Any]) -> dict[str, Any]:
+        tools = body.get("tools")
+        tools = list(tools) if isinstance(tools, list) else []
+        if any(isinstance(t, dict) and t.get("name") == self.tool.name for t in tools):
+            return body
+        fn = self.tool.definition()["function"]
+        return {**body, "tools": [*tools, {"type": "function", **fn}]}
+
+    def _ours(self, item: Any) -> bool:
+        return (isinstance(item, dict) and item.get("type") == "function_call"
+                and item.get("name") == self.tool.name)
+
+    async def _results(
+        self, identity: Identity, calls: list[dict[str, Any]], rounds: int, settled: Settled
+    ) -> list[dict[str, Any]]:
+        if rounds >= self.max_rounds:
+            text = (f"error: the limit of {self.max_rounds} reads for this turn is reached; "
+                    "continue with what you have read")
+            return [{"type": "function_call_output", "call_id": c.get("call_id"), "output": text}
+                    for c in calls]
+        if settled is not None:
+            await settled()
+        tool = self.tool
+
+        def run() -> list[dict[str, Any]]:
+            return [{"type": "function_call_output", "call_id": c.get("call_id"),
+                     "output": tool.run(identity, c.get("arguments") or "{}")} for c in calls]
+
+        return await asyncio.to_thread(run)
+
+    def _next(
+        self, body: dict[str, Any], items: list[Any], output: list[Any],
+        results: list[dict[str, Any]], response_id: Any,
+    ) -> dict[str, Any]:
+        if body.get("previous_response_id") or body.get("conversation"):
+            # The history lives upstream: continue the round's stored response.
+            nxt = {k: v for k, v in body.items() if k != "conversation"}
+            return {**nxt, "previous_response_id": response_id, "input": results}
+        items += [*output, *results]
+        return {**body, "input": items}
+
+    def _scrub(self, status: int, payload: bytes) -> bytes:
+        return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
+
+    async def _post(
+        self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any], on_status: OnStatus
+    ) -> aiohttp.ClientResponse:
+        resp = await self.upstream.send("POST", url, headers, orjson.dumps(req))
+        if on_status is not None:
+            await on_status(resp.status)
+        return resp
+
+    # -- not streaming ---------------------------------------------------------------------
+
+    async def non_stream(
+        self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
+        extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+        on_status: OnStatus = None, settled: Settled = None,
+    ) -> Rounds:
+        state = Rounds()
+        items = list(body.get("input") or [])
+        req = body
+        while True:
+            last = state.rounds > self.max_rounds
+            resp = await self._post(url, headers, req, on_status)
+            async with resp:
+                payload = await read_whole(resp)
+                out_headers = response_headers(resp)
+                status = resp.status
+            data = _response(payload) if status == 200 else None
+            if data is None:  # errors and odd bodies pass through as they came
+                await send_whole(send, status, out_headers + extra, self._scrub(status, payload))
+                return state
+            state.add_usage(data.get("usage"))
+            output = data["output"]
+            ours = [i for i in output if self._ours(i)]
+            theirs = [i for i in output if not self._ours(i) and isinstance(i, dict)
+                      and i.get("type") in _CLIENT_CALLS]
+            if ours and not theirs and not last:
+                results = await self._results(identity, ours, state.rounds, settled)
+                state.internal += [*output, *results]
+                req = self._next(body, items, output, results, data.get("id"))
+                state.rounds += 1
+                continue
+            if state.rounds == 0 and not ours:
+                final = payload  # nothing of ours happened: the bytes as they came
+            else:
+                data["output"] = _without(output, self._ours)
+                if state.usage is not None:
+                    data["usage"] = state.usage
+                final = orjson.dumps(data)
+            tap(final)
+            if settled is not None:
+                await settled()
+            rounds_h = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
+            await send_whole(send, status, out_headers + extra + [rounds_h], final)
+            return state
+
+    # -- streaming ---------------------------------------------------------------------------
+
+    async def stream(
+        self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
+        extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+        on_status: OnStatus = None, settled: Settled = None,
+    ) -> Rounds:
+        state = Rounds()
+        view = _ClientView()
+        items = list(body.get("input") or [])
+        req = body
+        started = False
+
+        async def emit(chunk: bytes) -> None:
+            tap(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        while True:
+            last = state.rounds > self.max_rounds
+            rnd = _Round(self._ours, view, first=state.rounds == 0)
+            try:
+                resp = await self._post(url, headers, req, on_status)
+                async with resp:
+                    if resp.status != 200 or resp.content_type != "text/event-stream":
+                        payload = self._scrub(resp.status, await read_whole(resp))
+                        if not started:
+                            await send_whole(send, resp.status, response_headers(resp) + extra,
+                                             payload)
+                            return state
+                        raise UpstreamStatusError(
+                            f"upstream answered {resp.status} in a read round")
+                    if not started:
+                        await send({"type": "http.response.start", "status": 200,
+                                    "headers": response_headers(resp) + extra})
+                        started = True
+                    decoder = SSEDecoder()
+                    try:
+                        async for chunk in resp.content.iter_any():
+                            for event in decoder.feed(chunk):
+                                for out in rnd.feed(event.event, event.data):
+                                    await emit(out)
+                    except TimeoutError:
+                        raise UpstreamTimeout("upstream stream stalled") from None
+                    except aiohttp.ClientError:
+                        raise UpstreamError("upstream stream broke off",
+                                            code="upstream_stream_broken") from None
+            except ProxyError as exc:
+                if not started:
+                    raise
+                log.warning("read round failed: %s", exc.message)
+                await emit(_event("error", {"type": "error", "code": exc.code,
+                                            "message": exc.message, "param": None,
+                                            "sequence_number": view.sequence()}))
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return state
+            state.add_usage(rnd.usage)
+            if rnd.failed:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return state
+            if rnd.ours and not rnd.theirs and not last and rnd.terminal is not None:
+                results = await self._results(identity, rnd.ours, state.rounds, settled)
+                state.internal += [*rnd.output, *results]
+                req = self._next(body, items, rnd.output, results, rnd.response_id)
+                state.rounds += 1
+                continue
+            for out in rnd.finish(state.usage):
+                await emit(out)
+            break
+        if settled is not None:
+            await settled()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return state
+
+
+class _ClientView:
+    """What the client has seen across rounds: its items and the numbering it expects."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self._seq = 0
+
+    def sequence(self) -> int:
+        seq = self._seq
+        self._seq += 1
+        return seq
+
+
+class _Round:
+    """Filters one round's events (see the module docstring)."""
+
+    def __init__(self, ours: Callable[[Any], bool], view: _ClientView, *, first: bool) -> None:
+        self.is_ours = ours
+        self.view = view
+        self.first = first
+        self.ours: list[dict[str, Any]] = []
+        self.theirs: list[Any] = []
+        self.output: list[Any] = []  # every item of the round, in order (for the next input)
+        self.usage: Any = None
+        self.response_id: Any = None
+        self.terminal: tuple[str, dict[str, Any]] | None = None
+        self.failed = False
+        self._index: dict[int, int] = {}  # upstream output_index -> the client's
+        self._hidden: set[int] = set()  # upstream output_index withheld
+        self._held: list[tuple[str, dict[str, Any]]] = []  # a reasoning item's events, pending
+        self._held_index: int | None = None
+
+    def _out(self, name: str, data: dict[str, Any]) -> bytes:
+        return _event(name, {**data, "sequence_number": self.view.sequence()})
+
+    def feed(self, name: str, raw: bytes) -> list[bytes]:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return [b"data: " + raw + b"\n\n"]
+        if not isinstance(data, dict):
+            return [b"data: " + raw + b"\n\n"]
+        found = data.get("type")
+        kind: str = found if isinstance(found, str) else name
+        if kind == "error" or name == "error":
+            self.failed = True
+            return [self._out(name or "error", data)]
+        if kind in _OPENING:
+            response = data.get("response")
+            if isinstance(response, dict):
+                self.response_id = response.get("id")
+            return [self._out(kind, data)] if self.first else []
+        if kind in _TERMINAL:
+            response = data.get("response")
+            if isinstance(response, dict):
+                self.usage = response.get("usage")
+                self.response_id = response.get("id", self.response_id)
+            self.terminal = (kind, data)
+            return self._flush()
+        index = data.get("output_index")
+        if not isinstance(index, int):
+            return [self._out(kind, data)]
+        if kind == "response.output_item.added":
+            item = data.get("item")
+            if self.is_ours(item):
+                self._hidden.add(index)
+                # A reasoning item that leads straight into the proxy's call goes with it.
+                if self._held_index is not None:
+                    self._hidden.add(self._held_index)
+                    self._held.clear()
+                    self._held_index = None
+                return []
+            out = self._flush()
+            if isinstance(item, dict) and item.get("type") == "reasoning":
+                self._held_index = index
+                self._held.append((kind, data))
+                return out
+            return out + self._visible(kind, data, index)
+        if kind == "response.output_item.done":
+            item = data.get("item")
+            if isinstance(item, dict):
+                self.output.append(item)
+                if self.is_ours(item):
+                    self.ours.append(item)
+                elif item.get("type") in _CLIENT_CALLS:
+                    self.theirs.append(item)
+        if index in self._hidden:
+            return []
+        if index == self._held_index:
+            self._held.append((kind, data))
+            return []
+        return self._visible(kind, data, index)
+
+    def _visible(self, kind: str, data: dict[str, Any], index: int) -> list[bytes]:
+        if index not in self._index:
+            self._index[index] = len(self.view.items)
+            self.view.items.append(None)
+        mine = self._index[index]
+        if kind == "response.output_item.done":
+            self.view.items[mine] = data.get("item")
+        return [self._out(kind, {**data, "output_index": mine})]
+
+    def _flush(self) -> list[bytes]:
+        held, self._held = self._held, []
+        index, self._held_index = self._held_index, None
+        if index is None:
+            return []
+        out: list[bytes] = []
+        for kind, data in held:
+            out += self._visible(kind, data, index)
+        return out
+
+    def finish(self, usage: Any) -> list[bytes]:
+        """The terminal event of the answer's round, with what the client saw in all rounds."""
+        if self.terminal is None:
+            return []
+        kind, data = self.terminal
+        response = data.get("response")
+        if isinstance(response, dict):
+            response = {**response, "output": [i for i in self.view.items if i is not None]}
+            if usage is not None:
+                response["usage"] = usage
+            data = {**data, "response": response}
+        return [self._out(kind, data)]
+
+
+def _response(payload: bytes) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("output"), list):
+        return None
+    return data
+
+
+def _without(output: list[Any], ours: Callable[[Any], bool]) -> list[Any]:
+    """The output without the proxy's calls, nor a reasoning item leading straight into one."""
+    kept: list[Any] = []
+    for item in output:
+        if ours(item):
+            if kept and isinstance(kept[-1], dict) and kept[-1].get("type") == "reasoning":
+                kept.pop()
+            continue
+        kept.append(item)
+    return kept
