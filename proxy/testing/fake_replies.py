@@ -2,7 +2,10 @@
 bodies built from them (OpenAI-shaped completions, SSE chunk events, models, embeddings and
 error envelopes; the echo of other routes).
 
-Pure data and rendering, no I/O; :mod:`proxy.testing.fake_upstream` serves them.
+Pure data and rendering, no I/O; :mod:`proxy.testing.fake_upstream` serves them. The other
+wire formats a Reply can be rendered in live next door: :mod:`.fake_responses` (OpenAI
+Responses API) and :mod:`.fake_messages` (Anthropic Messages API), on the shared pieces of
+:mod:`.fake_wire`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ __all__ = [
     "CREATED",
     "DONE",
     "JSON_CT",
+    "ErrorDetail",
     "SSE_HEADERS",
     "Received",
     "Reply",
@@ -28,6 +32,7 @@ __all__ = [
     "embeddings_body",
     "error_body",
     "model_object",
+    "reply_error_body",
     "reply_headers",
     "reply_tool_calls",
     "reply_usage",
@@ -81,24 +86,59 @@ def error_body(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorDetail:
+    """What :meth:`Reply.error` was asked to say; each wire format renders it in its own
+    envelope (``code`` and ``param`` exist in OpenAI's only)."""
+
+    message: str | None = None
+    type: str | None = None
+    code: str | None = None
+    param: str | None = None
+
+
+def reply_error_body(status: int, detail: ErrorDetail | None, seq: int = 0) -> bytes:
+    """The OpenAI error envelope for ``status`` saying ``detail`` (chat and Responses).
+    ``seq`` is unused: OpenAI's envelope names no request (it is a :class:`.fake_wire.WireFormat`
+    error function's signature)."""
+    d = detail or ErrorDetail()
+    return error_body(status, d.message, type=d.type, code=d.code, param=d.param)
+
+
 @dataclass
 class Reply:
-    """How the fake answers one chat-completion request.
+    """How the fake answers one model request, in whichever wire format it arrived (chat
+    completions, Responses, Anthropic Messages).
 
     ``tool_calls``: ``[{"name": str, "arguments": str | dict, "id": str (optional)}]``;
     several = parallel calls; dict arguments are JSON-encoded, strings sent verbatim.
+    ``"input"`` is read where ``"arguments"`` is missing. ``"type": "custom"`` marks a call
+    of a custom (free-form) tool, its raw text the arguments: a Responses
+    ``custom_tool_call``; chat sends it as a function call with that text as arguments,
+    Anthropic as a ``tool_use`` whose input is ``{"input": text}`` (neither API has
+    free-form tool calls).
+    ``reasoning``: the model's reasoning (None = none): a Responses ``reasoning`` item (its
+    summary; ``encrypted_content`` when the request's ``include`` asks) or an Anthropic
+    ``thinking`` block (with its signature); the chat format has no place for it.
+    ``reasoning_signature``: the opaque token sent as that ``encrypted_content`` /
+    ``signature``; default: derived from ``reasoning`` (see :func:`.fake_wire.reasoning_token`).
     ``body``: raw response body sent as-is with ``status`` (content-type defaults to
     application/json, or text/event-stream for a streaming request with status < 400;
-    override via ``headers``). ``status >= 400`` without ``body`` sends an OpenAI error
-    envelope (also for streaming requests, like OpenAI does).
+    override via ``headers``). ``status >= 400`` without ``body`` sends the format's error
+    envelope (also for streaming requests, as the real APIs do), saying ``error_detail``
+    (set by :meth:`error`, whose OpenAI-shaped ``body`` other formats replace by their own).
     ``delay_s``: wait before the first byte. ``chunk_delay_s``: wait between SSE events.
     ``break_after_events``: streaming -- send N SSE events, then drop the connection
     without terminating the chunked body; non-streaming (or raw ``body``) -- any value
     sends the headers and half the body, then drops the connection.
     ``usage``: default is computed (prompt ~ request bytes // 4, completion ~ output
-    chars // 4). ``finish_reason``: default "tool_calls" if tool_calls else "stop".
-    ``stream_pieces``: content and each tool call's arguments are split into at most this
-    many deltas. ``model``: overrides the echoed request model.
+    chars // 4, reasoning included). Chat sends it verbatim; the other formats read its counts
+    from any of the three shapes (see :func:`.fake_wire.usage_of`) and estimate the rest.
+    ``finish_reason``: chat's vocabulary, default "tool_calls" if tool_calls else "stop";
+    "length" / "content_filter" make a Responses answer ``incomplete`` and become Anthropic's
+    "max_tokens" / "refusal" (any other Anthropic stop_reason passes verbatim).
+    ``stream_pieces``: content, reasoning and each tool call's arguments are split into at
+    most this many deltas. ``model``: overrides the echoed request model.
     """
 
     content: str | None = "ok"
@@ -113,6 +153,9 @@ class Reply:
     finish_reason: str | None = None
     stream_pieces: int = 4
     model: str | None = None
+    reasoning: str | None = None
+    reasoning_signature: str | None = None
+    error_detail: ErrorDetail | None = None
 
     @classmethod
     def error(
@@ -125,9 +168,13 @@ class Reply:
         param: str | None = None,
         **kwargs: Any,
     ) -> Reply:
-        """An error reply, e.g. ``Reply.error(400, "too long", code="context_length_exceeded")``."""
-        body = error_body(status, message, type=type, code=code, param=param)
-        return cls(status=status, body=body, **kwargs)
+        """An error reply, e.g. ``Reply.error(400, "too long", code="context_length_exceeded")``.
+
+        ``body`` is OpenAI's envelope (what chat and Responses send; callers read it), and
+        ``error_detail`` says the same, for a format with another envelope (Anthropic's)."""
+        detail = ErrorDetail(message=message, type=type, code=code, param=param)
+        body = reply_error_body(status, detail)
+        return cls(status=status, body=body, error_detail=detail, **kwargs)
 
 
 @dataclass(slots=True)
@@ -136,8 +183,9 @@ class Received:
 
     ``headers``: lower-cased names; repeated headers joined with ", " (HTTP list
     semantics); ``raw_headers`` keeps them all, in order. ``query``: raw query string
-    (no "?"). ``raw_path``: the path before percent-decoding. ``at``: ``time.monotonic()`` on arrival. ``reply``: the Reply chosen
-    (chat requests only).
+    (no "?"). ``raw_path``: the path before percent-decoding. ``at``: ``time.monotonic()``
+    on arrival. ``reply``: the Reply chosen (model requests only: chat completions, responses,
+    messages).
     """
 
     method: str
@@ -179,7 +227,8 @@ def reply_tool_calls(reply: Reply, seq: int) -> list[tuple[str, str, str]]:
     out = []
     for i, tc in enumerate(reply.tool_calls or ()):
         fn = tc.get("function", tc)  # also accept OpenAI-shaped entries
-        args = fn.get("arguments", "")
+        # "input" (a custom tool's raw text, or Anthropic's word) stands in for arguments.
+        args = fn.get("arguments", fn.get("input", ""))
         if not isinstance(args, str):
             args = orjson.dumps(args).decode()
         out.append((str(tc.get("id") or f"call_fake_{seq}_{i}"), str(fn["name"]), args))

@@ -1,4 +1,6 @@
-"""A scriptable fake OpenAI-compatible upstream (raw ASGI, fast enough for benchmarks).
+"""A scriptable fake model upstream (raw ASGI, fast enough for benchmarks): OpenAI chat
+completions and Responses, and Anthropic Messages, each answered from the same :class:`Reply`
+scripts.
 
     fake = FakeUpstream()
     fake.script(Reply(content="hi"), Reply(tool_calls=[{"name": "ls", "arguments": {}}]))
@@ -40,23 +42,28 @@ from .fake_asgi import (
     until_disconnect,
 )
 from .fake_asgi import Message as Message
+from .fake_messages import MESSAGES, count_tokens_body, messages_error_body
 from .fake_replies import CREATED as CREATED
 from .fake_replies import (
     JSON_CT,
     SSE_HEADERS,
+    ErrorDetail,
     Received,
     Reply,
-    completion_body,
     echo_body,
     embeddings_body,
     error_body,
     model_object,
     reply_headers,
-    stream_events,
 )
+from .fake_responses import RESPONSES
+from .fake_wire import CHAT, WireFormat, whole_body
 
 __all__ = [
     "CHAT_PATHS",
+    "COUNT_TOKENS_PATHS",
+    "MESSAGES_PATHS",
+    "RESPONSES_PATHS",
     "FakeUpstream",
     "Received",
     "Reply",
@@ -67,18 +74,32 @@ __all__ = [
 Responder = Callable[[dict[str, Any]], "Reply | str | None"]
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
+MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
+COUNT_TOKENS_PATHS = frozenset({"/v1/messages/count_tokens", "/messages/count_tokens"})
 _MODELS_PATHS = frozenset({"/v1/models", "/models"})
 _EMBEDDINGS_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
+# POST routes answered from a Reply, and the wire format each answers in
+_MODEL_ROUTES: dict[str, WireFormat] = {
+    **dict.fromkeys(CHAT_PATHS, CHAT),
+    **dict.fromkeys(RESPONSES_PATHS, RESPONSES),
+    **dict.fromkeys(MESSAGES_PATHS, MESSAGES),
+}
 
 
 class FakeUpstream:
-    """ASGI3 app faking an OpenAI-compatible API; see the module docstring and :class:`Reply`.
+    """ASGI3 app faking OpenAI- and Anthropic-compatible APIs; see the module docstring and
+    :class:`Reply`.
 
-    Routes: POST /v1/chat/completions and /chat/completions (scripted replies),
-    GET /v1/models[/ID], POST /v1/embeddings; anything else -> 200 JSON echo
+    Routes answered from scripted replies (the "model requests"), each with or without
+    ``/v1``: POST /chat/completions (OpenAI chat), POST /responses (OpenAI Responses),
+    POST /messages (Anthropic Messages; any query string, e.g. ``?beta=true``). Also
+    POST /v1/messages/count_tokens (an estimate from the request size), GET /v1/models[/ID],
+    POST /v1/embeddings; anything else -> 200 JSON echo
     ``{method, path, query, body_len, headers}``. Every request is recorded.
-    Reply choice per chat request: ``script()`` queue (FIFO) > ``responder(body)`` if it
-    returns non-None > ``default``. A ``str`` anywhere means ``Reply(content=str)``.
+    Reply choice per model request, whatever its format: ``script()`` queue (FIFO) >
+    ``responder(body)`` if it returns non-None > ``default``. A ``str`` anywhere means
+    ``Reply(content=str)``.
     ``record=False`` keeps only the counters (for long benchmarks: lists grow unbounded).
     """
 
@@ -112,7 +133,7 @@ class FakeUpstream:
         self.completed_count = 0
         self.cancelled_count = 0
         self.aborted_count = 0
-        self._chat_seq = 0
+        self._seq = 0  # numbers the model requests: ids, request-id headers
 
     # --- configuration -------------------------------------------------------------------
 
@@ -128,7 +149,7 @@ class FakeUpstream:
         self._models_body = orjson.dumps({"object": "list", "data": data})
 
     def script(self, *replies: Reply | str) -> None:
-        """Queue replies for the next chat requests, consumed first-in first-out."""
+        """Queue replies for the next model requests (any format), consumed first-in first-out."""
         self._queue.extend(Reply(content=r) if isinstance(r, str) else r for r in replies)
 
     @property
@@ -142,7 +163,7 @@ class FakeUpstream:
         for lst in (self.received, self.completed, self.cancelled, self.aborted):
             lst.clear()
         self.request_count = self.completed_count = self.cancelled_count = 0
-        self.aborted_count = self._chat_seq = 0
+        self.aborted_count = self._seq = 0
         self.default = dataclasses.replace(self._initial[0])
         self.responder = self._initial[1]
 
@@ -231,10 +252,13 @@ class FakeUpstream:
             return
 
         method, path = rec.method, rec.path
-        if method == "POST" and path in CHAT_PATHS:
-            await self._chat(rec, receive, send)
+        fmt = _MODEL_ROUTES.get(path) if method == "POST" else None
+        if fmt is not None:
+            await self._model(rec, receive, send, fmt)
             return
-        if method == "GET" and path in _MODELS_PATHS:
+        if method == "POST" and path in COUNT_TOKENS_PATHS:
+            await self._count_tokens(rec, send)
+        elif method == "GET" and path in _MODELS_PATHS:
             await send_bytes(send, 200, self._models_body, (JSON_CT,))
         elif method == "GET" and path.startswith("/v1/models/"):
             obj = self._model_objs.get(path[len("/v1/models/") :])
@@ -260,19 +284,32 @@ class FakeUpstream:
         out = embeddings_body(req, len(rec.body), self.embedding_dim, model)
         await send_bytes(send, 200, orjson.dumps(out), (JSON_CT,))
 
-    async def _chat(self, rec: Received, receive: Receive, send: Send) -> None:
+    async def _count_tokens(self, rec: Received, send: Send) -> None:
+        try:
+            if not isinstance(orjson.loads(rec.body), dict):
+                raise TypeError("body must be a JSON object")
+        except (ValueError, TypeError) as exc:
+            body = messages_error_body(400, ErrorDetail(f"Invalid JSON body: {exc}"))
+            await send_bytes(send, 400, body, (JSON_CT,))
+            return
+        await send_bytes(send, 200, orjson.dumps(count_tokens_body(rec)), (JSON_CT,))
+
+    async def _model(self, rec: Received, receive: Receive, send: Send, fmt: WireFormat) -> None:
+        """Answer a model request in ``fmt``; the scripting (delays, errors, breaks, client
+        disconnects) works the same whatever the format."""
         try:
             req = orjson.loads(rec.body)
             if not isinstance(req, dict):
                 raise TypeError("body must be a JSON object")
         except (ValueError, TypeError) as exc:
-            await send_bytes(send, 400, error_body(400, f"Invalid JSON body: {exc}"), (JSON_CT,))
+            body = fmt.error(400, ErrorDetail(f"Invalid JSON body: {exc}"), self._seq)
+            await send_bytes(send, 400, body, (JSON_CT,))
             self._done(rec)
             return
         reply = self._next_reply(req)
         rec.reply = reply
-        self._chat_seq += 1
-        seq = self._chat_seq
+        self._seq += 1
+        seq = self._seq
         stream = req.get("stream") is True
         # The watcher is what notices a client disconnect: uvicorn's send() silently no-ops
         # once the peer is gone, so without it a dropped stream would look "completed".
@@ -288,7 +325,7 @@ class FakeUpstream:
                 self._cancel(rec)
                 return
             if reply.body is not None or reply.status >= 400:
-                body = reply.body if reply.body is not None else error_body(reply.status)
+                body = whole_body(fmt, reply, seq)
                 ct = (
                     SSE_HEADERS[0]
                     if stream and reply.body is not None and reply.status < 400
@@ -297,11 +334,12 @@ class FakeUpstream:
                 await self._send_once(rec, reply, send, body, reply_headers(reply, (ct,)))
             elif stream:
                 assert watcher is not None
-                await self._stream(rec, req, reply, seq, send, watcher)
+                events = fmt.events(rec, req, reply, seq)
+                await self._stream(rec, reply, events, fmt.request_id_header, seq, send, watcher)
             else:
-                out = orjson.dumps(completion_body(rec, req, reply, seq))
-                hdrs = reply_headers(reply, (JSON_CT, (b"x-request-id", b"req_fake_%d" % seq)))
-                await self._send_once(rec, reply, send, out, hdrs)
+                out = orjson.dumps(fmt.body(rec, req, reply, seq))
+                rid = (fmt.request_id_header, b"req_fake_%d" % seq)
+                await self._send_once(rec, reply, send, out, reply_headers(reply, (JSON_CT, rid)))
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -328,14 +366,14 @@ class FakeUpstream:
     async def _stream(
         self,
         rec: Received,
-        req: dict[str, Any],
         reply: Reply,
+        events: list[bytes],
+        request_id_header: bytes,
         seq: int,
         send: Send,
         watcher: asyncio.Task[None],
     ) -> None:
-        events = stream_events(rec, req, reply, seq)
-        headers = reply_headers(reply, [*SSE_HEADERS, (b"x-request-id", b"req_fake_%d" % seq)])
+        headers = reply_headers(reply, [*SSE_HEADERS, (request_id_header, b"req_fake_%d" % seq)])
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         brk = reply.break_after_events
         for i, event in enumerate(events):
