@@ -27,6 +27,7 @@ from .config import Config
 from .conversation import Conversation
 from .errors import AuthRequired, ProxyError, envelope
 from .formats.chat import CHAT
+from .formats.responses import RESPONSES
 from .metrics import Metrics
 from .pipeline.model import Stage
 from .routes import Health, MetricsPage, Models, PassThrough
@@ -101,7 +102,7 @@ class Proxy:
             await self.starlette(scope, receive, send)
             return
         path: str = scope["path"]
-        if path.startswith("/v1/") or path == "/chat/completions":
+        if path.startswith("/v1/") or path in ("/chat/completions", "/responses"):
             # The gate, before a byte of the body is read (/files asks it itself, to answer
             # browsers with a login prompt).
             try:
@@ -169,6 +170,7 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
     metrics = Metrics()
     gate = Gate(config.auth)
     chat = Conversation(CHAT)
+    responses = Conversation(RESPONSES)
     passthrough = PassThrough()
     files = FilesApp()
     routes = [
@@ -192,6 +194,8 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
     fast: dict[tuple[str, str], Endpoint] = {
         ("POST", "/v1/chat/completions"): chat,
         ("POST", "/chat/completions"): chat,
+        ("POST", "/v1/responses"): responses,
+        ("POST", "/responses"): responses,
     }
     outer = App(Proxy(app, fast, passthrough, gate, metrics), metrics)
     return outer

@@ -106,6 +106,9 @@ class Conversation:
         extra = ctx_headers(identity, result, raw, out)
         if writes.mode is Mode.OFF:
             extra.append((b"x-ctxproxy-quota", b"exceeded"))
+        if parsed.continued:
+            # The history lives upstream: only this request's new items were slimmed.
+            extra.append((b"x-ctxproxy-history", b"upstream"))
         tap = fmt.tap()
         rounds = Rounds()
         if params is not None:

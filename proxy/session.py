@@ -12,7 +12,8 @@ import orjson
 
 ANON = "anon"
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-SESSION_HEADERS = ("x-ctxproxy-session", "x-session-id", "x-claude-code-session-id")
+# In order of precedence; "session-id" is what Codex sends.
+SESSION_HEADERS = ("x-ctxproxy-session", "x-session-id", "x-claude-code-session-id", "session-id")
 
 
 @dataclass(frozen=True, slots=True)
