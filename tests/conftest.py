@@ -1,7 +1,22 @@
+"""Fixtures of the three layers the suite tests at.
+
+* In process (``inproc``, ``make_inproc``): the app's lifespan in the test's own loop and an
+  ``httpx.AsyncClient`` calling it directly (:mod:`proxy.testing.inprocess`). The default for
+  handler logic: no port, no server thread.
+* A real server on loopback (``proxy``, ``make_proxy``, ``module_proxy``): uvicorn in a thread
+  (:mod:`proxy.testing.servers`), for real client libraries, faults and disconnects on the wire,
+  raw request targets.
+* The real command line in a child process (:mod:`proxy.testing.process`): signals, ``kill -9``.
+
+All of them forward to one fake upstream per worker, on a real loopback socket (the proxy's
+outbound aiohttp client needs one): ``fake`` is that fake, reset around every test.
+"""
+
 from __future__ import annotations
 
+import contextlib
 import http.client
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,6 +27,7 @@ from proxy.app import create_app
 from proxy.config import Config, config_from_mapping
 from proxy.store.db import Database
 from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.inprocess import InProcess
 from proxy.testing.process import free_port
 from proxy.testing.servers import ServerThread, serve_in_thread
 
@@ -36,6 +52,23 @@ def fake_url(_fake_server: tuple[FakeUpstream, ServerThread]) -> str:
     return _fake_server[1].url + "/v1"
 
 
+def proxy_config(
+    upstream_url: str, data_dir: Path, overrides: dict[str, Any] | None = None
+) -> Config:
+    """The proxy in front of ``upstream_url`` with its data under ``data_dir``; ``overrides``
+    as a mapping (a section given as a dict is merged into the defaults' section)."""
+    data: dict[str, Any] = {
+        "upstream": {"base_url": upstream_url},
+        "storage": {"data_dir": str(data_dir)},
+    }
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return config_from_mapping(data)
+
+
 def closed_port() -> int:
     """A loopback port with nothing listening on it."""
     return free_port()
@@ -58,6 +91,34 @@ def raw_get(
         conn.close()
 
 
+# --- in process -------------------------------------------------------------------------------
+
+InProcessFactory = Callable[..., Awaitable[InProcess]]
+
+
+@pytest.fixture
+async def make_inproc(
+    fake: FakeUpstream, fake_url: str, tmp_path: Path
+) -> AsyncIterator[InProcessFactory]:
+    """Start the proxy in this test's loop in front of the fake (data under ``tmp_path/data``);
+    ``await make_inproc(overrides, stages=...)``. Stopped (lifespan shutdown) after the test."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def factory(overrides: dict[str, Any] | None = None, **kwargs: Any) -> InProcess:
+            app = create_app(proxy_config(fake_url, tmp_path / "data", overrides), **kwargs)
+            return await stack.enter_async_context(InProcess(app))
+
+        yield factory
+
+
+@pytest.fixture
+async def inproc(make_inproc: InProcessFactory) -> InProcess:
+    """The proxy with the default configuration, in process."""
+    return await make_inproc()
+
+
+# --- real servers on loopback ---------------------------------------------------------------
+
 ProxyFactory = Callable[..., ServerThread]
 
 
@@ -69,16 +130,7 @@ def make_proxy(
     started: list[ServerThread] = []
 
     def factory(overrides: dict[str, Any] | None = None, **kwargs: Any) -> ServerThread:
-        data: dict[str, Any] = {
-            "upstream": {"base_url": fake_url},
-            "storage": {"data_dir": str(tmp_path / "data")},
-        }
-        for key, value in (overrides or {}).items():
-            if isinstance(value, dict) and isinstance(data.get(key), dict):
-                data[key] = {**data[key], **value}
-            else:
-                data[key] = value
-        config: Config = config_from_mapping(data)
+        config = proxy_config(fake_url, tmp_path / "data", overrides)
         srv = serve_in_thread(create_app(config, **kwargs), lifespan="on")
         srv.start()
         started.append(srv)
@@ -92,6 +144,20 @@ def make_proxy(
 @pytest.fixture
 def proxy(make_proxy: ProxyFactory) -> ServerThread:
     return make_proxy()
+
+
+@pytest.fixture(scope="module")
+def module_proxy(
+    _fake_server: tuple[FakeUpstream, ServerThread], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerThread]:
+    """One real proxy (default configuration) for a module whose tests do not depend on the
+    proxy's state: what one test leaves in its data dir, the next one does not look at."""
+    config = proxy_config(_fake_server[1].url + "/v1", tmp_path_factory.mktemp("proxy") / "data")
+    with serve_in_thread(create_app(config), lifespan="on") as srv:
+        yield srv
+
+
+# --- the data directory -----------------------------------------------------------------------
 
 
 @pytest.fixture
