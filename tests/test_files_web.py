@@ -20,6 +20,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.session import tenant_of
+from proxy.store.db import Database
 from proxy.store.fs import Hidden, open_file
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread, serve_in_thread
@@ -154,6 +155,10 @@ def populate(corpus: Corpus, fake: FakeUpstream) -> Corpus:
          {**bearer(KEY_B), "x-session-id": "other-1"})
     chat(corpus, [{"role": "user", "content": "hello from nobody"}], {"x-session-id": "anon-1"})
     corpus.srv.drain()  # the answers and the turn counters are recorded after each response
+    with Database.in_dir(corpus.data) as db:
+        turns = {(r.tenant, r.session): r.turns for r in db.sessions(None)}
+    assert turns == {(TENANT_A, "build-1"): 2, (TENANT_A, "compact-1"): 1,
+                     (TENANT_B, "other-1"): 1, ("anon", "anon-1"): 1}, turns
     corpus.outside.mkdir()
     (corpus.outside / "secret.txt").write_text(SECRET + "\n")
     return corpus
