@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from proxy.app import create_app
@@ -67,6 +68,25 @@ def proxy_config(
         else:
             data[key] = value
     return config_from_mapping(data)
+
+
+ENVELOPE_KEYS = {"message", "type", "param", "code"}
+
+
+def assert_envelope(
+    r: httpx.Response, status: int, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """``r`` is a proxy-made error: ``status``, OpenAI's error envelope (and its param, code)."""
+    assert r.status_code == status, r.text[:300]
+    assert r.headers["content-type"].startswith("application/json")
+    err: dict[str, Any] = r.json()["error"]
+    assert set(err) == ENVELOPE_KEYS
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param
+    if code is not None:
+        assert err["code"] == code
+    return err
 
 
 def closed_port() -> int:

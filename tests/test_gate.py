@@ -27,7 +27,7 @@ from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.inprocess import InProcess
 
 from .conftest import InProcessFactory, ProxyFactory
-from .test_failures import _abandon_once_forwarded
+from .test_upstream_failures import _abandon_once_forwarded
 
 KEY_A, KEY_B, MASTER = "ck-alpha-0aa1f3", "ck-bravo-77b20e", "mk-master-5c1d9e"
 UPSTREAM_KEY = "sk-operator-9f8e7d"
