@@ -7,6 +7,7 @@ traversal corpus is sent as raw request targets.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -172,12 +173,19 @@ def corpus(
     yield from shared(_fake_server, tmp_path_factory.mktemp("files"), {})
 
 
-@pytest.fixture
-def fresh(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> Iterator[Corpus]:
-    """A corpus of this test's own (data under ``tmp_path/data``), for tests that change it."""
+@contextlib.contextmanager
+def built(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> Iterator[Corpus]:
+    """A proxy of this test (``make_proxy``: data under ``tmp_path/data``) with the corpus."""
     with httpx.Client(timeout=30) as client:
         yield populate(Corpus(make_proxy(CONFIG), tmp_path / "data", tmp_path / "outside",
                               client), fake)
+
+
+@pytest.fixture
+def fresh(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> Iterator[Corpus]:
+    """A corpus of this test's own, for tests that change it."""
+    with built(make_proxy, fake, tmp_path) as corpus:
+        yield corpus
 
 
 # --- listing and tenants -----------------------------------------------------------------------
