@@ -32,6 +32,31 @@ from proxy.testing.inprocess import InProcess
 from proxy.testing.process import free_port
 from proxy.testing.servers import ServerThread, serve_in_thread
 
+#: Modules whose tests import litellm, langchain or openai-agents: seconds of CPU per process
+#: that imports them (and a litellm route's first use imports litellm in the proxy too).
+SLOW_IMPORT_MODULES = frozenset({
+    "tests/test_clients.py", "tests/test_litellm_e2e.py", "tests/test_litellm_route.py",
+    "tests/test_secrets.py",
+})
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With the default ``--dist load``: every test is its own unit of work, but the tests of
+    SLOW_IMPORT_MODULES are one unit, which one worker runs (and so imports those libraries
+    once, not once per worker). xdist's own ``xdist_group`` marks would say the same, but
+    pytest 9.2 ignores the node ids ``--dist loadgroup`` relies on (pytest-xdist#1386)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlowImportsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::", 1)[0] in SLOW_IMPORT_MODULES:
+                return "slow-imports"
+            return nodeid
+
+    return SlowImportsTogether(config, log)
+
 
 @pytest.fixture(scope="session")
 def _fake_server() -> Iterator[tuple[FakeUpstream, ServerThread]]:
