@@ -1,7 +1,9 @@
 """Real client packages against the real proxy on loopback, in front of the fake upstream.
 
-openai SDK, litellm SDK, langchain-openai and openai-agents each talk to the proxy the way a user
-would set them up; the fake records what reached the "provider". No network at all.
+The openai SDK (sync and async), the litellm SDK, langchain-openai and openai-agents each talk to
+the proxy the way a user would set them up; the fake records what reached the "provider". No
+network at all. litellm, langchain and openai-agents take seconds to import: each test imports
+what it uses, so that collecting the suite does not.
 """
 
 from __future__ import annotations
@@ -12,23 +14,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 
 import asyncio  # noqa: E402
-from typing import Any  # noqa: E402
+import functools  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import httpx  # noqa: E402
-import litellm  # noqa: E402
 import openai  # noqa: E402
 import orjson  # noqa: E402
 import pytest  # noqa: E402
-from agents import (  # noqa: E402
-    Agent,
-    OpenAIChatCompletionsModel,
-    Runner,
-    function_tool,
-    set_tracing_disabled,
-)
-from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage  # noqa: E402
-from langchain_core.tools import tool  # noqa: E402
-from langchain_openai import ChatOpenAI  # noqa: E402
 
 from proxy.compaction.message import is_summary_message  # noqa: E402
 from proxy.compaction.prompt import SYSTEM_PROMPT as SUMMARIZER_PROMPT  # noqa: E402
@@ -39,7 +31,10 @@ from proxy.testing.servers import ServerThread  # noqa: E402
 
 from .conftest import ProxyFactory  # noqa: E402
 
-set_tracing_disabled(True)
+if TYPE_CHECKING:
+    from langchain_core.tools import BaseTool
+    from langchain_openai import ChatOpenAI
+
 # litellm's first calls build pydantic models of its own types: third-party noise, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:.*ReadOnly.*qualifier:UserWarning")
 
@@ -48,6 +43,11 @@ MSGS: list[dict[str, Any]] = [
     {"role": "system", "content": "be brief"},
     {"role": "user", "content": "hello"},
 ]
+CALLS = [
+    {"name": "read_file", "arguments": {"path": "a.py"}},
+    {"name": "grep", "arguments": {"pattern": "TODO", "path": "."}},
+]
+
 NOTICE = "<<<TRUNCATED>>>"
 SUMMARY = """## Goal
 Read every log part.
@@ -72,6 +72,11 @@ Read every log part.
 def sdk(base_url: str, **kw: Any) -> openai.OpenAI:
     kw.setdefault("max_retries", 0)
     return openai.OpenAI(base_url=base_url, api_key="sk-test", timeout=30, **kw)
+
+
+def asdk(base_url: str, **kw: Any) -> openai.AsyncOpenAI:
+    kw.setdefault("max_retries", 0)
+    return openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", timeout=30, **kw)
 
 
 def chat_calls(fake: FakeUpstream) -> list[Received]:
@@ -148,14 +153,120 @@ def without_ids(obj: Any) -> Any:
     return obj
 
 
-# --- 1. litellm SDK ------------------------------------------------------------------------
+# --- 1. the openai SDK ----------------------------------------------------------------------
 
 
-def test_litellm_completion_and_acompletion(proxy: ServerThread, fake: FakeUpstream) -> None:
+def test_sync_completion(module_proxy: ServerThread, fake: FakeUpstream) -> None:
+    fake.script(Reply(content="hi there"))
+    raw = sdk(module_proxy.url + "/v1").chat.completions.with_raw_response.create(model="gpt-4o", messages=MSGS)  # type: ignore[arg-type]
+    resp = raw.parse()
+    assert resp.choices[0].message.content == "hi there"
+    assert raw.headers["x-ctxproxy-session"]
+    assert fake.received[-1].json()["messages"] == MSGS
+    assert fake.received[-1].headers["authorization"] == "Bearer sk-test"
+
+
+def test_async_completion(module_proxy: ServerThread, fake: FakeUpstream) -> None:
+    fake.script(Reply(content="async hi"))
+
+    async def go() -> str | None:
+        c = asdk(module_proxy.url + "/v1")
+        r = await c.chat.completions.create(model="gpt-4o", messages=MSGS)  # type: ignore[arg-type]
+        await c.close()
+        return r.choices[0].message.content
+
+    assert asyncio.run(go()) == "async hi"
+
+
+def test_streaming_with_usage(module_proxy: ServerThread, fake: FakeUpstream) -> None:
+    fake.script(Reply(content="streamed answer here", stream_pieces=5))
+    chunks = list(
+        sdk(module_proxy.url + "/v1").chat.completions.create(
+            model="gpt-4o", messages=MSGS, stream=True, stream_options={"include_usage": True}  # type: ignore[arg-type]
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "streamed answer here"
+    usage = [c for c in chunks if c.usage is not None]
+    assert len(usage) == 1 and usage[0].choices == [] and chunks[-1] is usage[0]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls(module_proxy: ServerThread, fake: FakeUpstream, stream: bool) -> None:
+    fake.script(Reply(content=None, tool_calls=CALLS))
+    c = sdk(module_proxy.url + "/v1")
+    if not stream:
+        msg = c.chat.completions.create(model="gpt-4o", messages=MSGS).choices[0].message  # type: ignore[arg-type]
+        calls = [(t.function.name, t.function.arguments) for t in msg.tool_calls or []]  # type: ignore[union-attr]
+    else:
+        acc: dict[int, list[str]] = {}
+        for chunk in c.chat.completions.create(model="gpt-4o", messages=MSGS, stream=True):  # type: ignore[arg-type]
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                slot = acc.setdefault(d.index, ["", ""])
+                if d.function and d.function.name:
+                    slot[0] += d.function.name
+                if d.function and d.function.arguments:
+                    slot[1] += d.function.arguments
+        calls = [tuple(acc[i]) for i in sorted(acc)]  # type: ignore[misc]
+    assert calls == [
+        ("read_file", '{"path":"a.py"}'),
+        ("grep", '{"pattern":"TODO","path":"."}'),
+    ]
+
+
+def test_tool_result_turn_round_trips(module_proxy: ServerThread, fake: FakeUpstream) -> None:
+    history = MSGS + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py\n"},
+    ]
+    fake.script(Reply(content="two files"))
+    r = sdk(module_proxy.url + "/v1").chat.completions.create(model="gpt-4o", messages=history)  # type: ignore[arg-type]
+    assert r.choices[0].message.content == "two files"
+    assert fake.received[-1].json()["messages"] == history
+
+
+@pytest.mark.parametrize(
+    "status, exc",
+    [(400, openai.BadRequestError), (401, openai.AuthenticationError),
+     (429, openai.RateLimitError), (500, openai.InternalServerError)],
+)
+def test_upstream_errors_reach_sdk(
+    module_proxy: ServerThread, fake: FakeUpstream, status: int, exc: type[Exception]
+) -> None:
+    fake.script(Reply.error(status, f"boom {status}"))
+    with pytest.raises(exc) as info:
+        sdk(module_proxy.url + "/v1").chat.completions.create(model="gpt-4o", messages=MSGS)  # type: ignore[arg-type]
+    assert f"boom {status}" in str(info.value)
+
+
+def test_proxy_errors_reach_sdk_as_api_errors(module_proxy: ServerThread) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk(module_proxy.url + "/v1").chat.completions.create(model="gpt-4o", messages="nope")  # type: ignore[arg-type]
+    assert info.value.body["param"] == "messages"  # type: ignore[index]
+
+
+def test_embeddings_and_models_through_sdk(module_proxy: ServerThread) -> None:
+    c = sdk(module_proxy.url + "/v1")
+    assert len(c.embeddings.create(model="e", input="abc").data[0].embedding) == 8
+    assert [m.id for m in c.models.list()] == ["fake-model"]
+
+
+# --- 2. litellm SDK ------------------------------------------------------------------------
+
+
+def test_litellm_completion_and_acompletion(module_proxy: ServerThread, fake: FakeUpstream) -> None:
+    import litellm
+
     fake.script(Reply(content="from litellm sync"), Reply(content="from litellm async"))
     kw: dict[str, Any] = {
         "model": f"openai/{MODEL}",
-        "api_base": proxy.url + "/v1",
+        "api_base": module_proxy.url + "/v1",
         "api_key": "sk-test",
         "messages": MSGS,
         "num_retries": 0,
@@ -176,11 +287,13 @@ def test_litellm_completion_and_acompletion(proxy: ServerThread, fake: FakeUpstr
         assert c.headers["authorization"] == "Bearer sk-test"
 
 
-def test_litellm_streaming(proxy: ServerThread, fake: FakeUpstream) -> None:
+def test_litellm_streaming(module_proxy: ServerThread, fake: FakeUpstream) -> None:
+    import litellm
+
     fake.script(Reply(content="litellm streamed this answer", stream_pieces=5))
     chunks = list(
         litellm.completion(
-            model=f"openai/{MODEL}", api_base=proxy.url + "/v1", api_key="sk-test",
+            model=f"openai/{MODEL}", api_base=module_proxy.url + "/v1", api_key="sk-test",
             messages=MSGS, stream=True, num_retries=0,
         )
     )
@@ -190,23 +303,33 @@ def test_litellm_streaming(proxy: ServerThread, fake: FakeUpstream) -> None:
     assert call.json()["stream"] is True and call.json()["messages"] == MSGS
 
 
-# --- 2. langchain-openai -------------------------------------------------------------------
+# --- 3. langchain-openai -------------------------------------------------------------------
 
 
-@tool
-def get_weather(city: str) -> str:
-    """The weather in a city."""
-    return f"sunny in {city}"
+@functools.cache
+def get_weather() -> BaseTool:
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    return get_weather
 
 
 def chat_model(srv_url: str, **kw: Any) -> ChatOpenAI:
+    from langchain_openai import ChatOpenAI
+
     return ChatOpenAI(model=MODEL, base_url=srv_url, api_key="sk-test", max_retries=0, **kw)
 
 
-def test_langchain_bind_tools_parses_tool_call(proxy: ServerThread, fake: FakeUpstream) -> None:
+def test_langchain_bind_tools_parses_tool_call(module_proxy: ServerThread, fake: FakeUpstream) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage
+
     fake.script(Reply(content=None, tool_calls=[
         {"id": "call_w1", "name": "get_weather", "arguments": {"city": "Paris"}}]))
-    llm = chat_model(proxy.url + "/v1").bind_tools([get_weather])
+    llm = chat_model(module_proxy.url + "/v1").bind_tools([get_weather()])
     msg = llm.invoke([HumanMessage("weather in Paris?")])
     assert isinstance(msg, AIMessage)
     assert msg.tool_calls == [
@@ -217,10 +340,12 @@ def test_langchain_bind_tools_parses_tool_call(proxy: ServerThread, fake: FakeUp
     assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather"]
 
 
-def test_langchain_streaming_with_usage(proxy: ServerThread, fake: FakeUpstream) -> None:
+def test_langchain_streaming_with_usage(module_proxy: ServerThread, fake: FakeUpstream) -> None:
+    from langchain_core.messages import AIMessageChunk
+
     usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
     fake.script(Reply(content="langchain streamed words", stream_pieces=4, usage=usage))
-    llm = chat_model(proxy.url + "/v1", stream_usage=True)
+    llm = chat_model(module_proxy.url + "/v1", stream_usage=True)
     chunks = list(llm.stream("hi"))
     whole = chunks[0]
     for c in chunks[1:]:
@@ -234,11 +359,11 @@ def test_langchain_streaming_with_usage(proxy: ServerThread, fake: FakeUpstream)
 
 
 def test_langchain_streaming_default_has_no_stream_options(
-    proxy: ServerThread, fake: FakeUpstream
+    module_proxy: ServerThread, fake: FakeUpstream
 ) -> None:
     text = "a longer langchain answer streamed in many small pieces, all of them"
     fake.script(Reply(content=text, stream_pieces=12))
-    chunks = list(chat_model(proxy.url + "/v1").stream("hi"))
+    chunks = list(chat_model(module_proxy.url + "/v1").stream("hi"))
     whole = chunks[0]
     for c in chunks[1:]:
         whole = whole + c
@@ -249,7 +374,7 @@ def test_langchain_streaming_default_has_no_stream_options(
     assert "stream_options" not in call.json() and call.json()["stream"] is True
 
 
-# --- 3. openai-agents: a real multi-turn tool loop -------------------------------------------
+# --- 4. openai-agents: a real multi-turn tool loop -------------------------------------------
 
 AGENT_TOOL_TURNS = 6
 AGENT_FINAL = "All six log parts were read: no errors."
@@ -281,7 +406,6 @@ class AgentScript:
 OUTPUTS: dict[int, str] = {}
 
 
-@function_tool
 def read_log(part: int) -> str:
     """Read one part of the service log."""
     OUTPUTS[part] = log_text(part, 60_000 + part * 28_000)  # 60 KB .. 200 KB
@@ -289,6 +413,15 @@ def read_log(part: int) -> str:
 
 
 def test_agents_tool_loop_offloads_and_compacts(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
     script = AgentScript()
     fake.responder = script
     srv = make_proxy(AGENT_CONFIG)
@@ -300,14 +433,14 @@ def test_agents_tool_loop_offloads_and_compacts(make_proxy: ProxyFactory, fake: 
         headers.append({k: v for k, v in resp.headers.items() if k.startswith("x-ctxproxy-")})
 
     async def go() -> Any:
-        client = openai.AsyncOpenAI(
-            base_url=srv.url + "/v1", api_key="sk-test", max_retries=0,
+        client = asdk(
+            srv.url + "/v1",
             http_client=openai.DefaultAsyncHttpxClient(event_hooks={"response": [on_response]}),
         )
         agent = Agent(
             name="log reader",
             instructions="You read the service log part by part, then report.",
-            tools=[read_log],
+            tools=[function_tool(read_log)],
             model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
         )
         try:
@@ -349,13 +482,13 @@ def test_agents_tool_loop_offloads_and_compacts(make_proxy: ProxyFactory, fake: 
     assert calls[-1]["messages"][-1]["tool_call_id"] == f"call_part_{AGENT_TOOL_TURNS - 1}"
 
 
-# --- 4. known client behaviours ----------------------------------------------------------------
+# --- 5. known client behaviours ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("suffix", ["", "/v1"])
-def test_base_url_with_and_without_v1(proxy: ServerThread, fake: FakeUpstream, suffix: str) -> None:
+def test_base_url_with_and_without_v1(module_proxy: ServerThread, fake: FakeUpstream, suffix: str) -> None:
     fake.script(Reply(content=f"via {suffix or 'root'}"))
-    raw = sdk(proxy.url + suffix).chat.completions.with_raw_response.create(
+    raw = sdk(module_proxy.url + suffix).chat.completions.with_raw_response.create(
         model=MODEL, messages=MSGS  # type: ignore[arg-type]
     )
     assert raw.parse().choices[0].message.content == f"via {suffix or 'root'}"
@@ -364,21 +497,21 @@ def test_base_url_with_and_without_v1(proxy: ServerThread, fake: FakeUpstream, s
     assert call.path == "/v1/chat/completions" and call.json()["messages"] == MSGS
 
 
-def test_sdk_retries_429_through_proxy(proxy: ServerThread, fake: FakeUpstream) -> None:
+def test_sdk_retries_429_through_proxy(module_proxy: ServerThread, fake: FakeUpstream) -> None:
     fake.script(
         Reply.error(429, "slow down", headers={"retry-after": "0", "retry-after-ms": "10"}),
         Reply(content="after the retry"),
     )
-    r = sdk(proxy.url + "/v1", max_retries=2).chat.completions.create(model=MODEL, messages=MSGS)  # type: ignore[arg-type]
+    r = sdk(module_proxy.url + "/v1", max_retries=2).chat.completions.create(model=MODEL, messages=MSGS)  # type: ignore[arg-type]
     assert r.choices[0].message.content == "after the retry"
     assert len(chat_calls(fake)) == 2
     assert [c.reply.status for c in chat_calls(fake)] == [429, 200]  # type: ignore[union-attr]
 
 
-def test_429_headers_reach_the_client(proxy: ServerThread, fake: FakeUpstream) -> None:
+def test_429_headers_reach_the_client(module_proxy: ServerThread, fake: FakeUpstream) -> None:
     fake.script(Reply.error(429, "slow down", headers={"retry-after": "7"}))
     with pytest.raises(openai.RateLimitError) as info:
-        sdk(proxy.url + "/v1").chat.completions.create(model=MODEL, messages=MSGS)  # type: ignore[arg-type]
+        sdk(module_proxy.url + "/v1").chat.completions.create(model=MODEL, messages=MSGS)  # type: ignore[arg-type]
     assert info.value.response.headers["retry-after"] == "7"
     assert len(chat_calls(fake)) == 1  # the proxy itself does not retry
 
@@ -390,18 +523,18 @@ def stream_raw(url: str, body: dict[str, Any]) -> bytes:
         return b"".join(r.iter_raw())
 
 
-def test_stream_without_usage_passes_byte_for_byte(proxy: ServerThread, fake: FakeUpstream) -> None:
+def test_stream_without_usage_passes_byte_for_byte(module_proxy: ServerThread, fake: FakeUpstream) -> None:
     reply = Reply(content="no usage was asked for", stream_pieces=6)
     fake.script(reply)
     body = {"model": MODEL, "messages": MSGS, "stream": True}
-    got = stream_raw(proxy.url + "/v1", body)
+    got = stream_raw(module_proxy.url + "/v1", body)
     [call] = chat_calls(fake)
     sent = b"".join(stream_events(call, call.json(), reply, 1))  # what the fake sent (1st answer)
     assert got == sent
     assert b'"usage"' not in got and got.endswith(b"data: [DONE]\n\n")
     # The SDK sees the same: whole text, no usage anywhere.
     fake.script(Reply(content="no usage was asked for", stream_pieces=6))
-    chunks: list[Any] = list(sdk(proxy.url + "/v1").chat.completions.create(
+    chunks: list[Any] = list(sdk(module_proxy.url + "/v1").chat.completions.create(
         model=MODEL, messages=MSGS, stream=True  # type: ignore[arg-type]
     ))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply.content
@@ -419,7 +552,7 @@ def sse_payloads(raw: bytes) -> list[Any]:
 
 
 def test_stream_without_usage_through_read_loop(
-    proxy: ServerThread, fake: FakeUpstream, fake_url: str
+    module_proxy: ServerThread, fake: FakeUpstream, fake_url: str
 ) -> None:
     """A slimmed request goes through the read-tool loop, which asks the upstream for usage
     itself: the client, which did not, still gets no usage chunk and no usage fields."""
@@ -428,7 +561,7 @@ def test_stream_without_usage_through_read_loop(
     fake.script(Reply(content="streamed after the offload", stream_pieces=5))
     direct = sse_payloads(stream_raw(fake_url, body))
     fake.script(Reply(content="streamed after the offload", stream_pieces=5))
-    via = sse_payloads(stream_raw(proxy.url + "/v1", body))
+    via = sse_payloads(stream_raw(module_proxy.url + "/v1", body))
     call = chat_calls(fake)[-1].json()
     assert NOTICE in call["messages"][-1]["content"]  # really slimmed, really the read loop
     assert [t["function"]["name"] for t in call["tools"]] == ["read_offloaded"]
@@ -437,7 +570,7 @@ def test_stream_without_usage_through_read_loop(
     assert without_ids(via) == without_ids(direct)
 
 
-# --- 5. the same answers with and without the proxy ---------------------------------------------
+# --- 6. the same answers with and without the proxy ---------------------------------------------
 
 HISTORIES = {"plain": MSGS, "slimmed": big_tool_history()}
 FIXED_USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
@@ -451,11 +584,11 @@ ANSWERS = [
 @pytest.mark.parametrize("history", list(HISTORIES))
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_sdk_answers_match_direct(
-    proxy: ServerThread, fake: FakeUpstream, fake_url: str, history: str, stream: bool
+    module_proxy: ServerThread, fake: FakeUpstream, fake_url: str, history: str, stream: bool
 ) -> None:
     msgs = HISTORIES[history]
     got: dict[str, list[Any]] = {}
-    for name, base in (("direct", fake_url), ("proxy", proxy.url + "/v1")):
+    for name, base in (("direct", fake_url), ("proxy", module_proxy.url + "/v1")):
         fake.script(*ANSWERS)
         c = sdk(base)
         answers = []
@@ -477,13 +610,13 @@ def test_openai_sdk_answers_match_direct(
 
 @pytest.mark.parametrize("history", list(HISTORIES))
 def test_langchain_answers_match_direct(
-    proxy: ServerThread, fake: FakeUpstream, fake_url: str, history: str
+    module_proxy: ServerThread, fake: FakeUpstream, fake_url: str, history: str
 ) -> None:
     msgs = HISTORIES[history]
     got: dict[str, list[Any]] = {}
-    for name, base in (("direct", fake_url), ("proxy", proxy.url + "/v1")):
+    for name, base in (("direct", fake_url), ("proxy", module_proxy.url + "/v1")):
         fake.script(*ANSWERS)
-        llm = chat_model(base).bind_tools([get_weather])
+        llm = chat_model(base).bind_tools([get_weather()])
         out = []
         for _ in ANSWERS:
             m = llm.invoke(msgs)

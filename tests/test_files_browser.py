@@ -12,7 +12,7 @@ import pytest
 from proxy.testing.fake_upstream import FakeUpstream
 
 from .conftest import ProxyFactory
-from .test_files_web import KEY_A, TENANT_A, USER_ASK, build
+from .test_files_web import KEY_A, TENANT_A, USER_ASK, Corpus, built
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -38,10 +38,15 @@ def browser() -> Iterator[Browser]:
             instance.close()
 
 
+@pytest.fixture
+def corpus(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> Iterator[Corpus]:
+    with built(make_proxy, fake, tmp_path) as corpus:
+        yield corpus
+
+
 def test_a_person_browses_sessions_dialog_and_an_offloaded_file(
-    browser: Browser, make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path
+    browser: Browser, corpus: Corpus, tmp_path: Path
 ) -> None:
-    corpus = build(make_proxy, fake, tmp_path)
     context = browser.new_context(
         extra_http_headers={"Authorization": f"Bearer {KEY_A}"},
         viewport={"width": 1280, "height": 900},

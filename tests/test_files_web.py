@@ -1,11 +1,15 @@
-"""/files end to end: data made by real chat requests through the proxy, read back over HTTP."""
+"""/files end to end: data made by real chat requests through the proxy, read back over HTTP.
+
+Real servers: the corpora are module-scoped (one proxy serves every read-only test) and the
+traversal corpus is sent as raw request targets.
+"""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +20,14 @@ import orjson
 import pytest
 
 from proxy.app import create_app
-from proxy.config import config_from_mapping
 from proxy.session import tenant_of
+from proxy.store.db import Database
 from proxy.store.fs import Hidden, open_file
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread, serve_in_thread
 from proxy.web.access import ask_of, read_window
 
-from .conftest import ProxyFactory, raw_get
+from .conftest import ProxyFactory, proxy_config, raw_get
 
 KEY_A = "sk-alpha-very-secret-0001"
 KEY_B = "sk-beta-very-secret-0002"
@@ -80,13 +84,14 @@ class Corpus:
     srv: ServerThread
     data: Path
     outside: Path
+    client: httpx.Client  # one pooled client: a crawl is hundreds of requests
 
     @property
     def url(self) -> str:
         return self.srv.url
 
     def get(self, path: str, headers: dict[str, str] | None = None, **params: Any) -> httpx.Response:
-        return httpx.get(self.url + path, headers=headers or {}, params=params, timeout=30)
+        return self.client.get(self.url + path, headers=headers or {}, params=params)
 
     def session_json(self, key: str, tenant: str, session: str) -> dict[str, Any]:
         r = self.get(f"/files/{tenant}/{session}", {**bearer(key), **JSON})
@@ -102,41 +107,28 @@ class Corpus:
         return str(entry["url"])
 
 
-def chat(srv: ServerThread, messages: list[dict[str, Any]], headers: dict[str, str],
+def chat(corpus: Corpus, messages: list[dict[str, Any]], headers: dict[str, str],
          model: str = "gpt-4o") -> httpx.Response:
     body = orjson.dumps({"model": model, "messages": messages})
-    r = httpx.post(srv.url + "/v1/chat/completions", content=body, headers=headers, timeout=30)
+    r = corpus.client.post(corpus.url + "/v1/chat/completions", content=body, headers=headers)
     assert r.status_code == 200, r.text
     return r
 
 
-def build(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path,
-          overrides: dict[str, Any] | None = None) -> Corpus:
-    """A proxy of this test (``make_proxy``: data under ``tmp_path/data``) with the corpus."""
-    return populate(make_proxy({**CONFIG, **(overrides or {})}), fake, tmp_path)
-
-
 def shared(fake_server: tuple[FakeUpstream, ServerThread], root: Path,
            overrides: dict[str, Any]) -> Iterator[Corpus]:
-    """One proxy and corpus for a whole module of read-only tests: each proxy start loads the
-    tokenizer (about a second), which would otherwise dominate these tests' run time."""
+    """One proxy and corpus for a whole module of read-only tests: populating it (offload,
+    compaction, two tenants) would otherwise dominate these tests' run time."""
     fake, upstream = fake_server
-    config = config_from_mapping({
-        "upstream": {"base_url": upstream.url + "/v1"},
-        "storage": {"data_dir": str(root / "data")},
-        **CONFIG, **overrides,
-    })
-    srv = serve_in_thread(create_app(config), lifespan="on")
-    srv.start()
-    try:
-        corpus = populate(srv, fake, root)
+    config = proxy_config(upstream.url + "/v1", root / "data", {**CONFIG, **overrides})
+    with serve_in_thread(create_app(config), lifespan="on") as srv, \
+            httpx.Client(timeout=30) as client:
+        corpus = populate(Corpus(srv, root / "data", root / "outside", client), fake)
         fake.reset()  # later tests get the fake as the `fake` fixture leaves it
         yield corpus
-    finally:
-        srv.stop()
 
 
-def populate(srv: ServerThread, fake: FakeUpstream, root: Path) -> Corpus:
+def populate(corpus: Corpus, fake: FakeUpstream) -> Corpus:
     """Two tenants and anon, an offloaded tool output, a compaction, an image part."""
     fake.responder = responder
     build_msgs: list[dict[str, Any]] = [
@@ -150,39 +142,27 @@ def populate(srv: ServerThread, fake: FakeUpstream, root: Path) -> Corpus:
          "content": log_lines(5000) + "<script>alert('x')</script>\n"},
     ]
     a = {**bearer(KEY_A), "x-session-id": "build-1"}
-    r = chat(srv, build_msgs, a)
+    r = chat(corpus, build_msgs, a)
     assert r.headers["x-ctxproxy-offloaded"] == "1"
-    chat(srv, [*build_msgs, {"role": "assistant", "content": "ok, looking at it"},
-               {"role": "user", "content": "now fix it <b>please</b>"}], a)
+    chat(corpus, [*build_msgs, {"role": "assistant", "content": "ok, looking at it"},
+                  {"role": "user", "content": "now fix it <b>please</b>"}], a)
     history: list[dict[str, Any]] = [{"role": "system", "content": "Agent."}]
     for t in range(40):
         history += [{"role": "user", "content": f"request {t}: " + "please do the thing " * 15},
                     {"role": "assistant", "content": f"answer {t}: " + "done with it " * 20}]
-    assert chat(srv, history, {**bearer(KEY_A), "x-session-id": "compact-1"},
+    assert chat(corpus, history, {**bearer(KEY_A), "x-session-id": "compact-1"},
                 model="tiny").headers["x-ctxproxy-compacted"] == "1"
-    chat(srv, [{"role": "user", "content": "hello from beta"}],
+    chat(corpus, [{"role": "user", "content": "hello from beta"}],
          {**bearer(KEY_B), "x-session-id": "other-1"})
-    chat(srv, [{"role": "user", "content": "hello from nobody"}], {"x-session-id": "anon-1"})
-    corpus = Corpus(srv, root / "data", root / "outside")
-    wait_for_turns(corpus, {(TENANT_A, "build-1"): 2, (TENANT_A, "compact-1"): 1,
-                            (TENANT_B, "other-1"): 1, ("anon", "anon-1"): 1})
+    chat(corpus, [{"role": "user", "content": "hello from nobody"}], {"x-session-id": "anon-1"})
+    corpus.srv.drain()  # the answers and the turn counters are recorded after each response
+    with Database.in_dir(corpus.data) as db:
+        turns = {(r.tenant, r.session): r.turns for r in db.sessions(None)}
+    assert turns == {(TENANT_A, "build-1"): 2, (TENANT_A, "compact-1"): 1,
+                     (TENANT_B, "other-1"): 1, ("anon", "anon-1"): 1}, turns
     corpus.outside.mkdir()
     (corpus.outside / "secret.txt").write_text(SECRET + "\n")
     return corpus
-
-
-def wait_for_turns(corpus: Corpus, want: dict[tuple[str, str], int]) -> None:
-    """The answer and the turn counters are recorded just after each response."""
-    from proxy.store.db import Database
-
-    deadline = time.monotonic() + 10
-    with Database.in_dir(corpus.data) as db:
-        while True:
-            rows = {(r.tenant, r.session): r.turns for r in db.sessions(None)}
-            if all(rows.get(k, 0) >= v for k, v in want.items()):
-                return
-            assert time.monotonic() < deadline, rows
-            time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -193,9 +173,19 @@ def corpus(
     yield from shared(_fake_server, tmp_path_factory.mktemp("files"), {})
 
 
+@contextlib.contextmanager
+def built(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> Iterator[Corpus]:
+    """A proxy of this test (``make_proxy``: data under ``tmp_path/data``) with the corpus."""
+    with httpx.Client(timeout=30) as client:
+        yield populate(Corpus(make_proxy(CONFIG), tmp_path / "data", tmp_path / "outside",
+                              client), fake)
+
+
 @pytest.fixture
-def fresh(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> Corpus:
-    return build(make_proxy, fake, tmp_path)
+def fresh(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> Iterator[Corpus]:
+    """A corpus of this test's own, for tests that change it."""
+    with built(make_proxy, fake, tmp_path) as corpus:
+        yield corpus
 
 
 # --- listing and tenants -----------------------------------------------------------------------
@@ -573,7 +563,8 @@ def test_unknown_pages_and_head(corpus: Corpus) -> None:
                  f"/files/{TENANT_A}/build-1/other/x.txt", f"/files/{TENANT_A}/build-1/dialog/today.jsonl"):
         assert corpus.get(path, {**bearer(KEY_A), **JSON}).status_code == 404, path
     assert corpus.get("/files/", {**bearer(KEY_A), **JSON}).json()["tenant"] == TENANT_A
-    head = httpx.head(corpus.url + corpus.tool_result_url(), headers=bearer(KEY_A), params={"raw": 1})
+    head = corpus.client.head(corpus.url + corpus.tool_result_url(), headers=bearer(KEY_A),
+                              params={"raw": 1})
     assert head.status_code == 200 and head.content == b""
 
 

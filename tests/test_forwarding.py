@@ -1,4 +1,4 @@
-"""Raw forwarding: byte identity both ways, headers, sessions, pass-through routes."""
+"""Raw forwarding: byte identity both ways, headers, sessions, pass-through routes (in process)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from proxy.pipeline import RequestView, StageOutcome
 from proxy.session import tenant_of
 from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread
+from proxy.testing.inprocess import InProcess
 
-from .conftest import ProxyFactory
+from .conftest import InProcessFactory
 
 # Odd spacing, key order, unicode escapes and unknown fields: re-serialising would change them.
 RAW_BODY = (
@@ -22,30 +22,30 @@ RAW_BODY = (
 )
 
 
-def post(url: str, body: bytes, **headers: str) -> httpx.Response:
+async def post(app: InProcess, path: str, body: bytes, **headers: str) -> httpx.Response:
     headers.setdefault("content-type", "application/json")
-    return httpx.post(url, content=body, headers=headers, timeout=10)
+    return await app.client.post(path, content=body, headers=headers)
 
 
-def test_unchanged_request_reaches_upstream_byte_for_byte(
-    proxy: ServerThread, fake: FakeUpstream
+async def test_unchanged_request_reaches_upstream_byte_for_byte(
+    inproc: InProcess, fake: FakeUpstream
 ) -> None:
-    r = post(proxy.url + "/v1/chat/completions", RAW_BODY, authorization="Bearer sk-abc")
+    r = await post(inproc, "/v1/chat/completions", RAW_BODY, authorization="Bearer sk-abc")
     assert r.status_code == 200
     assert fake.received[-1].body == RAW_BODY
     assert fake.received[-1].path == "/v1/chat/completions"
 
 
-def test_response_body_passes_byte_for_byte(proxy: ServerThread, fake: FakeUpstream) -> None:
+async def test_response_body_passes_byte_for_byte(inproc: InProcess, fake: FakeUpstream) -> None:
     weird = b'{"id":"x",  "object":"chat.completion","choices":[],"zzz_extra":"\\u2603"}'
     fake.script(Reply(body=weird, headers={"x-request-id": "req-1", "openai-processing-ms": "7"}))
-    r = post(proxy.url + "/v1/chat/completions", RAW_BODY)
+    r = await post(inproc, "/v1/chat/completions", RAW_BODY)
     assert r.content == weird
     assert r.headers["x-request-id"] == "req-1"
     assert r.headers["openai-processing-ms"] == "7"
 
 
-def test_sse_passes_byte_for_byte(proxy: ServerThread, fake: FakeUpstream) -> None:
+async def test_sse_passes_byte_for_byte(inproc: InProcess, fake: FakeUpstream) -> None:
     sse = (
         b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
         b'"delta":{"content":"he"}}]}\n\n: keep-alive comment\n\n'
@@ -55,15 +55,15 @@ def test_sse_passes_byte_for_byte(proxy: ServerThread, fake: FakeUpstream) -> No
     fake.script(Reply(body=sse, headers={"content-type": "text/event-stream"}))
     body = orjson.loads(RAW_BODY)
     body["stream"] = True
-    with httpx.stream(
-        "POST", proxy.url + "/v1/chat/completions", content=orjson.dumps(body), timeout=10
+    async with inproc.client.stream(
+        "POST", "/v1/chat/completions", content=orjson.dumps(body)
     ) as r:
-        got = b"".join(r.iter_raw())
+        got = b"".join([chunk async for chunk in r.aiter_raw()])
     assert got == sse
 
 
-def test_ctxproxy_headers(proxy: ServerThread) -> None:
-    r = post(proxy.url + "/v1/chat/completions", RAW_BODY, **{"x-session-id": "my-sess"})
+async def test_ctxproxy_headers(inproc: InProcess) -> None:
+    r = await post(inproc, "/v1/chat/completions", RAW_BODY, **{"x-session-id": "my-sess"})
     assert r.headers["x-ctxproxy-session"] == "my-sess"
     assert int(r.headers["x-ctxproxy-tokens-in"]) > 0
     assert int(r.headers["x-ctxproxy-tokens-out"]) > 0
@@ -71,7 +71,7 @@ def test_ctxproxy_headers(proxy: ServerThread) -> None:
     assert r.headers["x-ctxproxy-compacted"] == "0"
 
 
-def test_derived_session_is_stable_over_turns(proxy: ServerThread) -> None:
+async def test_derived_session_is_stable_over_turns(inproc: InProcess) -> None:
     turn1 = {"model": "m", "messages": [{"role": "user", "content": "start"}]}
     turn2 = {
         "model": "m",
@@ -80,28 +80,29 @@ def test_derived_session_is_stable_over_turns(proxy: ServerThread) -> None:
             {"role": "user", "content": "next"},
         ],
     }
-    s1 = post(proxy.url + "/v1/chat/completions", orjson.dumps(turn1)).headers["x-ctxproxy-session"]
-    s2 = post(proxy.url + "/v1/chat/completions", orjson.dumps(turn2)).headers["x-ctxproxy-session"]
+    s1 = (await post(inproc, "/v1/chat/completions", orjson.dumps(turn1))).headers["x-ctxproxy-session"]
+    s2 = (await post(inproc, "/v1/chat/completions", orjson.dumps(turn2))).headers["x-ctxproxy-session"]
     assert s1 == s2 and s1.startswith("s-")
 
 
-def test_client_key_forwarded_when_no_upstream_key(proxy: ServerThread, fake: FakeUpstream) -> None:
-    post(proxy.url + "/v1/chat/completions", RAW_BODY, authorization="Bearer sk-client")
+async def test_client_key_forwarded_when_no_upstream_key(inproc: InProcess, fake: FakeUpstream) -> None:
+    await post(inproc, "/v1/chat/completions", RAW_BODY, authorization="Bearer sk-client")
     assert fake.received[-1].headers["authorization"] == "Bearer sk-client"
 
 
-def test_upstream_key_replaces_client_key(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
-    srv = make_proxy({"upstream": {"api_key": "sk-server"}})
-    post(srv.url + "/v1/chat/completions", RAW_BODY, authorization="Bearer sk-client")
+async def test_upstream_key_replaces_client_key(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
+    app = await make_inproc({"upstream": {"api_key": "sk-server"}})
+    await post(app, "/v1/chat/completions", RAW_BODY, authorization="Bearer sk-client")
     assert fake.received[-1].headers["authorization"] == "Bearer sk-server"
     assert "sk-client" not in str(fake.received[-1].raw_headers)
 
 
-def test_headers_that_matter_pass_and_hop_by_hop_do_not(
-    proxy: ServerThread, fake: FakeUpstream
+async def test_headers_that_matter_pass_and_hop_by_hop_do_not(
+    inproc: InProcess, fake: FakeUpstream
 ) -> None:
-    post(
-        proxy.url + "/v1/chat/completions",
+    await post(
+        inproc,
+        "/v1/chat/completions",
         RAW_BODY,
         **{
             "openai-organization": "org-1",
@@ -124,49 +125,51 @@ def test_headers_that_matter_pass_and_hop_by_hop_do_not(
         assert dropped not in h
 
 
-def test_both_chat_paths(proxy: ServerThread, fake: FakeUpstream) -> None:
-    assert post(proxy.url + "/chat/completions", RAW_BODY).status_code == 200
+async def test_both_chat_paths(inproc: InProcess, fake: FakeUpstream) -> None:
+    assert (await post(inproc, "/chat/completions", RAW_BODY)).status_code == 200
     assert fake.received[-1].path == "/v1/chat/completions"
     assert fake.received[-1].body == RAW_BODY
 
 
-def test_query_string_and_other_v1_routes_pass_through(
-    proxy: ServerThread, fake: FakeUpstream
+async def test_query_string_and_other_v1_routes_pass_through(
+    inproc: InProcess, fake: FakeUpstream
 ) -> None:
-    r = httpx.post(
-        proxy.url + "/v1/embeddings?api-version=2024-01",
+    r = await inproc.client.post(
+        "/v1/embeddings?api-version=2024-01",
         content=b'{"model":"e","input":"abc"}',
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 200 and r.json()["object"] == "list"
     assert fake.received[-1].query == "api-version=2024-01"
     assert fake.received[-1].body == b'{"model":"e","input":"abc"}'
-    r = httpx.delete(proxy.url + "/v1/files/file-123?x=1")
+    r = await inproc.client.delete("/v1/files/file-123?x=1")
     echo = r.json()
     assert echo["method"] == "DELETE" and echo["path"] == "/v1/files/file-123"
     assert fake.received[-1].query == "x=1"
 
 
-def test_models_passthrough_and_configured(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
-    srv = make_proxy()
-    assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "fake-model"
-    routed = make_proxy(
+async def test_models_passthrough_and_configured(
+    make_inproc: InProcessFactory, fake: FakeUpstream
+) -> None:
+    app = await make_inproc()
+    assert (await app.client.get("/v1/models")).json()["data"][0]["id"] == "fake-model"
+    routed = await make_inproc(
         {"model_list": [{"model_name": "claude", "litellm_params": {"model": "anthropic/x"}}]}
     )
-    data = httpx.get(routed.url + "/v1/models").json()
+    data = (await routed.client.get("/v1/models")).json()
     assert [m["id"] for m in data["data"]] == ["claude"]
 
 
-def test_healthz(proxy: ServerThread) -> None:
-    r = httpx.get(proxy.url + "/healthz")
+async def test_healthz(inproc: InProcess) -> None:
+    r = await inproc.client.get("/healthz")
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
-def test_unknown_route_is_enveloped(proxy: ServerThread) -> None:
-    r = httpx.get(proxy.url + "/nope")
+async def test_unknown_route_is_enveloped(inproc: InProcess) -> None:
+    r = await inproc.client.get("/nope")
     assert r.status_code == 404
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
-    r = httpx.put(proxy.url + "/healthz")
+    r = await inproc.client.put("/healthz")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 
 
@@ -184,11 +187,11 @@ class _Boom:
         raise OSError("disk full")
 
 
-def test_changed_request_is_reserialised_with_unknown_fields(
-    make_proxy: ProxyFactory, fake: FakeUpstream
+async def test_changed_request_is_reserialised_with_unknown_fields(
+    make_inproc: InProcessFactory, fake: FakeUpstream
 ) -> None:
-    srv = make_proxy(stages=[_Rewrite()])
-    r = post(srv.url + "/v1/chat/completions", RAW_BODY)
+    app = await make_inproc(stages=[_Rewrite()])
+    r = await post(app, "/v1/chat/completions", RAW_BODY)
     sent = fake.received[-1].json()
     assert sent["messages"][0]["content"] == "CUT"
     assert sent["x_unknown"] == {"nested": [1, 2.5, None]}
@@ -196,34 +199,35 @@ def test_changed_request_is_reserialised_with_unknown_fields(
     assert r.headers["x-ctxproxy-offloaded"] == "1"
 
 
-def test_failing_stage_degrades_to_forwarding(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
-    srv = make_proxy(stages=[_Boom(), _Rewrite()])
-    r = post(srv.url + "/v1/chat/completions", RAW_BODY)
+async def test_failing_stage_degrades_to_forwarding(
+    make_inproc: InProcessFactory, fake: FakeUpstream
+) -> None:
+    app = await make_inproc(stages=[_Boom(), _Rewrite()])
+    r = await post(app, "/v1/chat/completions", RAW_BODY)
     assert r.status_code == 200
     assert fake.received[-1].json()["messages"][0]["content"] == "CUT"
 
 
 @pytest.mark.parametrize("key", ["sk-one", None])
-def test_tenant_never_contains_key(proxy: ServerThread, key: str | None) -> None:
+async def test_tenant_never_contains_key(inproc: InProcess, key: str | None) -> None:
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    r = post(proxy.url + "/v1/chat/completions", RAW_BODY, **headers)
+    r = await post(inproc, "/v1/chat/completions", RAW_BODY, **headers)
     assert r.status_code == 200
     assert tenant_of(key) != key
 
 
-def test_an_answer_larger_than_the_relay_buffer_is_archived(
-    make_proxy: ProxyFactory, fake: FakeUpstream, data_dir: Any
+async def test_an_answer_larger_than_the_relay_buffer_is_archived(
+    inproc: InProcess, fake: FakeUpstream, data_dir: Any
 ) -> None:
     """Answers over 16 MiB are relayed as they arrive instead of buffered first; the archive
     still gets them whole."""
     big = "y" * (17 * 1024 * 1024)
     fake.script(Reply(content=big))
-    srv = make_proxy()
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "write a lot"}],
             "user": "big-answer"}
-    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)
+    r = await inproc.client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200 and len(r.content) > 16 * 1024 * 1024
-    srv.stop()  # the lifespan waits for the archive writes still running
+    await inproc.drain()  # the archive writes still running
     [dialog] = list(data_dir.glob("anon/big-answer/dialog/*.jsonl"))
     records = [orjson.loads(line) for line in dialog.read_bytes().splitlines()]
     assert [r["role"] for r in records] == ["user", "assistant"]

@@ -1,5 +1,6 @@
 """The gate (SPEC 12): inbound keys, the secure default, a provider-judged key that leaves
-nothing on disk when rejected, the per-tenant quota and the archive's retention."""
+nothing on disk when rejected, the per-tenant quota and the archive's retention. The proxy runs
+in process, but where the wire matters (a refusal before the body arrives, a client that leaves)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ from proxy.auth import Gate
 from proxy.config import config_from_mapping, exposure_problem, key_digest
 from proxy.errors import AuthRequired
 from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread
+from proxy.testing.inprocess import InProcess
 
-from .conftest import ProxyFactory
-from .test_failures import _abandon_once_forwarded
+from .conftest import InProcessFactory, ProxyFactory
+from .test_upstream_failures import _abandon_once_forwarded
 
 KEY_A, KEY_B, MASTER = "ck-alpha-0aa1f3", "ck-bravo-77b20e", "mk-master-5c1d9e"
 UPSTREAM_KEY = "sk-operator-9f8e7d"
@@ -62,10 +63,10 @@ def chat_body(messages: list[dict[str, Any]] | None = None, **extra: Any) -> dic
     return {"model": "gpt-4o", "messages": messages or tool_history(), **extra}
 
 
-def post(srv: ServerThread, headers: dict[str, str], body: Any = None, path: str = CHAT,
-         **extra: Any) -> httpx.Response:
-    return httpx.post(srv.url + path, content=orjson.dumps(body or chat_body(**extra)),
-                      headers=headers, timeout=30)
+async def post(app: InProcess, headers: dict[str, str], body: Any = None, path: str = CHAT,
+               **extra: Any) -> httpx.Response:
+    return await app.client.post(path, content=orjson.dumps(body or chat_body(**extra)),
+                                 headers=headers)
 
 
 def stored_files(data: Path) -> list[str]:
@@ -87,8 +88,8 @@ def env_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def closed(make_proxy: ProxyFactory, env_key: None) -> ServerThread:
-    return make_proxy(KEYS)
+async def closed(make_inproc: InProcessFactory, env_key: None) -> InProcess:
+    return await make_inproc(KEYS)
 
 
 # --- inbound keys -------------------------------------------------------------------------------
@@ -99,12 +100,12 @@ def closed(make_proxy: ProxyFactory, env_key: None) -> ServerThread:
 @pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer ck-wrong"},
                                      {"x-api-key": KEY_A + "x"}, {"authorization": "Bearer"},
                                      {"authorization": f"Bearer {UPSTREAM_KEY}"}])
-def test_a_missing_or_wrong_key_gets_401_and_nothing_happens(
-    closed: ServerThread, fake: FakeUpstream, data_dir: Path, path: str, headers: dict[str, str]
+async def test_a_missing_or_wrong_key_gets_401_and_nothing_happens(
+    closed: InProcess, fake: FakeUpstream, data_dir: Path, path: str, headers: dict[str, str]
 ) -> None:
     method = "GET" if path in ("/v1/models", "/v1/files/file-1") else "POST"
-    r = httpx.request(method, closed.url + path, headers=headers, timeout=10,
-                      content=orjson.dumps(chat_body()) if method == "POST" else None)
+    r = await closed.client.request(method, path, headers=headers,
+                                    content=orjson.dumps(chat_body()) if method == "POST" else None)
     assert r.status_code == 401
     error = r.json()["error"]
     assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
@@ -112,8 +113,9 @@ def test_a_missing_or_wrong_key_gets_401_and_nothing_happens(
     assert stored_files(data_dir) == []
 
 
-def test_401_comes_before_the_body_is_read(closed: ServerThread) -> None:
+def test_401_comes_before_the_body_is_read(make_proxy: ProxyFactory, env_key: None) -> None:
     """Headers announcing a 50 MB body, then nothing: the refusal does not wait for it."""
+    closed = make_proxy(KEYS)
     host, port = closed.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
@@ -123,43 +125,43 @@ def test_401_comes_before_the_body_is_read(closed: ServerThread) -> None:
 
 
 @pytest.mark.parametrize("header", ["authorization", "x-api-key", "api-key"])
-def test_a_configured_key_is_its_tenant_and_never_goes_upstream(
-    closed: ServerThread, fake: FakeUpstream, data_dir: Path, header: str
+async def test_a_configured_key_is_its_tenant_and_never_goes_upstream(
+    closed: InProcess, fake: FakeUpstream, data_dir: Path, header: str
 ) -> None:
     value = f"Bearer {KEY_A}" if header == "authorization" else KEY_A
-    r = post(closed, {header: value, "x-session-id": "build-1"})
+    r = await post(closed, {header: value, "x-session-id": "build-1"})
     assert r.status_code == 200 and r.headers["x-ctxproxy-offloaded"] == "1"
     got = fake.received[-1]
     assert got.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert KEY_A not in str(got.raw_headers) and "x-api-key" not in got.headers
-    closed.stop()
+    await closed.stop()
     assert (data_dir / "team-a" / "build-1" / "tool_result").is_dir()
     assert {p.name for p in data_dir.iterdir() if not p.name.startswith("_")} == {"team-a"}
 
 
-def test_keys_from_the_environment_and_each_tenant_sees_its_own(
-    closed: ServerThread, data_dir: Path
+async def test_keys_from_the_environment_and_each_tenant_sees_its_own(
+    closed: InProcess, data_dir: Path
 ) -> None:
-    assert post(closed, {"authorization": f"Bearer {KEY_A}", "x-session-id": "s-a"}).status_code == 200
-    assert post(closed, {"x-api-key": KEY_B, "x-session-id": "s-b"}).status_code == 200
-    mine = httpx.get(closed.url + "/files", headers={"authorization": f"Bearer {KEY_B}",
-                                                     "accept": "application/json"}).json()
+    client = closed.client
+    assert (await post(closed, {"authorization": f"Bearer {KEY_A}", "x-session-id": "s-a"})).status_code == 200
+    assert (await post(closed, {"x-api-key": KEY_B, "x-session-id": "s-b"})).status_code == 200
+    mine = (await client.get("/files", headers={"authorization": f"Bearer {KEY_B}",
+                                                "accept": "application/json"})).json()
     assert [s["session"] for s in mine["sessions"]] == ["s-b"] and mine["tenant"] == "team-b"
-    assert httpx.get(closed.url + "/files/team-a/s-a",
-                     headers={"x-api-key": KEY_B}).status_code == 404
-    everyone = httpx.get(closed.url + "/files", headers={"authorization": f"Bearer {MASTER}",
-                                                         "accept": "application/json"}).json()
+    assert (await client.get("/files/team-a/s-a", headers={"x-api-key": KEY_B})).status_code == 404
+    everyone = (await client.get("/files", headers={"authorization": f"Bearer {MASTER}",
+                                                    "accept": "application/json"})).json()
     assert sorted(s["tenant"] for s in everyone["sessions"]) == ["team-a", "team-b"]
-    assert httpx.get(closed.url + "/files").status_code == 401
+    assert (await client.get("/files")).status_code == 401
 
 
-def test_the_master_key_calls_everything_as_its_own_tenant(
-    closed: ServerThread, fake: FakeUpstream, data_dir: Path
+async def test_the_master_key_calls_everything_as_its_own_tenant(
+    closed: InProcess, fake: FakeUpstream, data_dir: Path
 ) -> None:
-    r = post(closed, {"authorization": f"Bearer {MASTER}", "x-session-id": "ops"})
+    r = await post(closed, {"authorization": f"Bearer {MASTER}", "x-session-id": "ops"})
     assert r.status_code == 200
-    assert httpx.get(closed.url + "/v1/models", headers={"x-api-key": MASTER}).status_code == 200
-    closed.stop()
+    assert (await closed.client.get("/v1/models", headers={"x-api-key": MASTER})).status_code == 200
+    await closed.stop()
     assert (data_dir / "master" / "ops").is_dir()
 
 
@@ -205,14 +207,14 @@ def test_bad_key_lists_are_config_errors(bad: dict[str, Any]) -> None:
         config_from_mapping({"auth": bad})
 
 
-def test_keys_never_reach_a_log_line_or_a_file(
-    closed: ServerThread, data_dir: Path, caplog: pytest.LogCaptureFixture
+async def test_keys_never_reach_a_log_line_or_a_file(
+    closed: InProcess, data_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="proxy")
-    post(closed, {"authorization": f"Bearer {KEY_A}"})
-    post(closed, {"authorization": "Bearer ck-not-a-key"})
-    httpx.get(closed.url + "/files", headers={"authorization": f"Bearer {MASTER}"})
-    closed.stop()
+    await post(closed, {"authorization": f"Bearer {KEY_A}"})
+    await post(closed, {"authorization": "Bearer ck-not-a-key"})
+    await closed.client.get("/files", headers={"authorization": f"Bearer {MASTER}"})
+    await closed.stop()
     blobs = [p.read_bytes() for p in data_dir.rglob("*") if p.is_file()]
     for secret in (KEY_A, KEY_B, MASTER, UPSTREAM_KEY, "ck-not-a-key"):
         assert secret not in caplog.text
@@ -274,8 +276,12 @@ Finish the build of the service and explain what failed.
 """
 
 
+def is_summary_call(body: dict[str, Any]) -> bool:
+    return "summar" in str(body["messages"][0].get("content", "")).lower()
+
+
 def summarizing(body: dict[str, Any]) -> Reply:
-    if "summar" in str(body["messages"][0].get("content", "")).lower():
+    if is_summary_call(body):
         return Reply(content=SUMMARY)
     return Reply(content="ok")
 
@@ -289,48 +295,48 @@ def long_history(turns: int = 40) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def judged(make_proxy: ProxyFactory) -> ServerThread:
+async def judged(make_inproc: InProcessFactory) -> InProcess:
     """No auth.keys, no upstream.api_key, a small window: offload and compaction both happen
     on the first request."""
-    return make_proxy({"compaction": {"context_windows": {"gpt-4o": 6000}}})
+    return await make_inproc({"compaction": {"context_windows": {"gpt-4o": 6000}}})
 
 
 @pytest.mark.parametrize("status", [401, 403])
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_request_the_provider_rejects_leaves_nothing_on_disk(
-    judged: ServerThread, fake: FakeUpstream, data_dir: Path, status: int, stream: bool
+async def test_a_request_the_provider_rejects_leaves_nothing_on_disk(
+    judged: InProcess, fake: FakeUpstream, data_dir: Path, status: int, stream: bool
 ) -> None:
     fake.default = Reply.error(status)
-    r = post(judged, {"authorization": "Bearer sk-stolen-or-typo"},
-             chat_body(long_history(), stream=stream))
+    r = await post(judged, {"authorization": "Bearer sk-stolen-or-typo"},
+                   chat_body(long_history(), stream=stream))
     assert r.status_code == status
     assert fake.request_count >= 1  # forwarded (and the summarizer asked), then rejected
-    judged.stop()
+    await judged.stop()
     assert stored_files(data_dir) == []
     assert [rows(data_dir, t) for t in ("sessions", "messages", "summaries")] == [0, 0, 0]
 
 
-def test_an_accepted_key_is_known_from_then_on(
-    judged: ServerThread, fake: FakeUpstream, data_dir: Path
+async def test_an_accepted_key_is_known_from_then_on(
+    judged: InProcess, fake: FakeUpstream, data_dir: Path
 ) -> None:
     headers = {"authorization": "Bearer sk-real", "x-session-id": "s1"}
-    first = post(judged, headers, chat_body(tool_history("first")))
+    first = await post(judged, headers, chat_body(tool_history("first")))
     assert first.status_code == 200 and first.headers["x-ctxproxy-offloaded"] == "1"
     # Known now: even an answer the provider rejects later keeps what was received.
     fake.default = Reply.error(401)
-    assert post(judged, headers, chat_body(tool_history("second"))).status_code == 401
-    judged.stop()
+    assert (await post(judged, headers, chat_body(tool_history("second")))).status_code == 401
+    await judged.stop()
     files = stored_files(data_dir)
     assert len([f for f in files if "/tool_result/" in f]) == 2
     assert not any(f.startswith("_staging") for f in files)
     assert rows(data_dir, "messages") >= 6
 
 
-def test_a_summary_with_the_clients_key_proves_it_and_points_into_the_archive(
-    judged: ServerThread, fake: FakeUpstream, data_dir: Path
+async def test_a_summary_with_the_clients_key_proves_it_and_points_into_the_archive(
+    judged: InProcess, fake: FakeUpstream, data_dir: Path
 ) -> None:
     fake.responder = summarizing
-    r = post(judged, {"authorization": "Bearer sk-new", "x-session-id": "s2"},
+    r = await post(judged, {"authorization": "Bearer sk-new", "x-session-id": "s2"},
              chat_body(long_history()))
     assert r.status_code == 200 and r.headers["x-ctxproxy-compacted"] == "1"
     summary = fake.received[-1].json()["messages"][1]["content"]
@@ -352,12 +358,13 @@ def test_a_client_that_leaves_before_the_verdict_leaves_nothing(
 # --- the quota ------------------------------------------------------------------------------------
 
 
-def test_over_quota_requests_are_forwarded_and_write_nothing(
-    make_proxy: ProxyFactory, fake: FakeUpstream, data_dir: Path, caplog: pytest.LogCaptureFixture
+async def test_over_quota_requests_are_forwarded_and_write_nothing(
+    make_inproc: InProcessFactory, fake: FakeUpstream, data_dir: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    srv = make_proxy({"storage": {"max_tenant_mb": 0.05}, "upstream": {"api_key": UPSTREAM_KEY}})
+    app = await make_inproc({"storage": {"max_tenant_mb": 0.05}, "upstream": {"api_key": UPSTREAM_KEY}})
     headers = {"authorization": "Bearer sk-q", "x-session-id": "q1"}
-    first = post(srv, headers, chat_body(tool_history("one")))  # a ~100 KB original: over 50 KB
+    first = await post(app, headers, chat_body(tool_history("one")))  # a ~100 KB original: over 50 KB
     assert first.status_code == 200 and "x-ctxproxy-quota" not in first.headers
     assert first.headers["x-ctxproxy-offloaded"] == "1"
     nxt = tool_history("one") + [
@@ -365,50 +372,51 @@ def test_over_quota_requests_are_forwarded_and_write_nothing(
             {"id": "c2", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c2", "content": big_output("two")}]
     with caplog.at_level(logging.WARNING, logger="proxy.store"):
-        r = post(srv, headers, chat_body(nxt))
-        again = post(srv, headers, chat_body(nxt))
+        r = await post(app, headers, chat_body(nxt))
+        again = await post(app, headers, chat_body(nxt))
     for answer in (r, again):
         assert answer.status_code == 200 and answer.headers["x-ctxproxy-quota"] == "exceeded"
         # Forwarded: the saved result stays cut, the new one goes uncut (its original is not
         # saved, so it may not be cut).
         assert answer.headers["x-ctxproxy-offloaded"] == "1"
-    forwarded = fake.received[-1].json()["messages"]
+    # The last model call (a compaction may be prepared in the background meanwhile).
+    forwarded = [r.json()["messages"] for r in fake.received if not is_summary_call(r.json())][-1]
     assert forwarded[-1]["content"] == big_output("two")
     assert "tool result" not in caplog.text and caplog.text.count("over its disk quota") == 1
-    assert "ctxproxy_quota_exceeded_total 2.0" in httpx.get(srv.url + "/metrics").text
-    srv.stop()
+    assert "ctxproxy_quota_exceeded_total 2.0" in (await app.client.get("/metrics")).text
+    await app.stop()
     files = stored_files(data_dir)
     assert len([f for f in files if "/tool_result/" in f]) == 1
     archived = b"".join((data_dir / f).read_bytes() for f in files if f.endswith(".jsonl"))
     assert b"two line 1:" not in archived and b"one line 1:" in archived
 
 
-def test_a_keys_own_quota_overrides_the_default(
-    make_proxy: ProxyFactory, fake: FakeUpstream
+async def test_a_keys_own_quota_overrides_the_default(
+    make_inproc: InProcessFactory, fake: FakeUpstream
 ) -> None:
-    srv = make_proxy({"storage": {"max_tenant_mb": 1000}, "upstream": {"api_key": UPSTREAM_KEY},
+    app = await make_inproc({"storage": {"max_tenant_mb": 1000}, "upstream": {"api_key": UPSTREAM_KEY},
                       "auth": {"keys": [{"key": KEY_A, "tenant": "small", "max_disk_mb": 0.05},
                                         {"key": KEY_B, "tenant": "big"}]}})
     for key, over in ((KEY_A, True), (KEY_B, False)):
         headers = {"authorization": f"Bearer {key}"}
-        assert "x-ctxproxy-quota" not in post(srv, headers).headers
-        assert ("x-ctxproxy-quota" in post(srv, headers).headers) is over
+        assert "x-ctxproxy-quota" not in (await post(app, headers)).headers
+        assert ("x-ctxproxy-quota" in (await post(app, headers)).headers) is over
 
 
 # --- gc: retention and the quota report -----------------------------------------------------------
 
 
-def test_gc_expires_old_dialogs_and_summaries_and_reports_usage(
-    make_proxy: ProxyFactory, fake: FakeUpstream, data_dir: Path, tmp_path: Path,
+async def test_gc_expires_old_dialogs_and_summaries_and_reports_usage(
+    make_inproc: InProcessFactory, fake: FakeUpstream, data_dir: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     fake.responder = summarizing
     overrides = {"upstream": {"api_key": UPSTREAM_KEY},
                  "compaction": {"context_windows": {"gpt-4o": 6000}}}
-    srv = make_proxy(overrides)
+    app = await make_inproc(overrides)
     headers = {"authorization": "Bearer sk-g", "x-session-id": "old"}
-    assert post(srv, headers, chat_body(long_history())).headers["x-ctxproxy-compacted"] == "1"
-    srv.stop()
+    assert (await post(app, headers, chat_body(long_history()))).headers["x-ctxproxy-compacted"] == "1"
+    await app.stop()
     session = next(data_dir.glob("*/old"))
     long_ago = time.time() - 40 * 86400
     for f in session.rglob("*"):
@@ -425,9 +433,9 @@ def test_gc_expires_old_dialogs_and_summaries_and_reports_usage(
     assert not list(session.rglob("*.jsonl")) and not list(session.rglob("*.md"))
     assert "tenant " not in out  # everything expired: nobody uses any disk
     # The same history comes back: archived (and compacted) again, as new.
-    srv = make_proxy(overrides)
-    assert post(srv, headers, chat_body(long_history())).headers["x-ctxproxy-compacted"] == "1"
-    srv.stop()
+    app = await make_inproc(overrides)
+    assert (await post(app, headers, chat_body(long_history()))).headers["x-ctxproxy-compacted"] == "1"
+    await app.stop()
     assert list(session.rglob("*.jsonl")) and rows(data_dir, "summaries") == 1
     assert cli.main(["gc", "--config", str(config)]) == 0
     out = capsys.readouterr().out

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from proxy.store.db import Database
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread, serve_in_thread
 
-from .conftest import raw_get
+from .conftest import proxy_config, raw_get
 
 KEY_A = "sk-iso-alpha-4f1c9e"
 KEY_B = "sk-iso-bravo-8d2a7b"
@@ -136,32 +135,34 @@ class Corpus:
     def get(self, path: str, headers: dict[str, str], method: str = "GET") -> httpx.Response:
         return self.client.request(method, self.url + path, headers=headers)
 
-
-def chat(srv: ServerThread, key: str | None, session: str, messages: list[dict[str, Any]],
-         model: str = "gpt-4o") -> httpx.Response:
-    headers = {"x-session-id": session, **(bearer(key) if key else {})}
-    r = httpx.post(srv.url + "/v1/chat/completions", headers=headers, timeout=30,
-                   content=orjson.dumps({"model": model, "messages": messages}))
-    assert r.status_code == 200, r.text
-    return r
+    def chat(self, headers: dict[str, str], messages: list[dict[str, Any]],
+             model: str = "gpt-4o") -> httpx.Response:
+        return self.client.post(self.url + "/v1/chat/completions", headers=headers,
+                                content=orjson.dumps({"model": model, "messages": messages}))
 
 
 def populate(srv: ServerThread, fake: FakeUpstream, data: Path,
              client: httpx.Client) -> Corpus:
     fake.responder = responder
+    corpus = Corpus(srv, data, {}, client)
+
+    def chat(key: str | None, session: str, messages: list[dict[str, Any]],
+             model: str = "gpt-4o") -> httpx.Response:
+        r = corpus.chat({"x-session-id": session, **(bearer(key) if key else {})}, messages, model)
+        assert r.status_code == 200, r.text
+        return r
+
     for key in (KEY_A, KEY_B):
         mark = MARK[key]
-        assert chat(srv, key, "build-1", build_messages(mark)).headers["x-ctxproxy-offloaded"] == "1"
-        r = chat(srv, key, "compact-1", long_history(mark), model="tiny")
+        assert chat(key, "build-1", build_messages(mark)).headers["x-ctxproxy-offloaded"] == "1"
+        r = chat(key, "compact-1", long_history(mark), model="tiny")
         assert r.headers["x-ctxproxy-compacted"] == "1"
-    chat(srv, KEY_B, ONLY_B, [{"role": "user", "content": f"hello from {MARK[KEY_B]}"}])
-    chat(srv, None, "anon-1", [{"role": "user", "content": "hello from nobody"}])
-    deadline = time.monotonic() + 10
-    with Database.in_dir(data) as db:  # the turn counters are written once a second
-        while len([r for r in db.sessions(None) if r.turns]) < 6:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    files = {}
+    chat(KEY_B, ONLY_B, [{"role": "user", "content": f"hello from {MARK[KEY_B]}"}])
+    chat(None, "anon-1", [{"role": "user", "content": "hello from nobody"}])
+    srv.drain()  # the answers and the turn counters are recorded after each response
+    with Database.in_dir(data) as db:
+        assert len([r for r in db.sessions(None) if r.turns]) == 6
+    files = corpus.files
     for tenant in (TA, TB):
         session = data / tenant
         [tool] = (session / "build-1" / "tool_result").iterdir()
@@ -170,26 +171,19 @@ def populate(srv: ServerThread, fake: FakeUpstream, data: Path,
         files[tenant] = Files(tool.name, dialog.name, summary.name)
     assert files[TA].tool_result != files[TB].tool_result
     assert files[TA].summary != files[TB].summary
-    return Corpus(srv, data, files, client)
+    return corpus
 
 
 def serve(fake_server: tuple[FakeUpstream, ServerThread], root: Path,
           overrides: dict[str, Any]) -> Iterator[Corpus]:
     fake, upstream = fake_server
-    config = config_from_mapping({
-        "upstream": {"base_url": upstream.url + "/v1"},
-        "storage": {"data_dir": str(root / "data")},
-        "compaction": {"context_windows": {"tiny": 4000}},
-        **overrides,
-    })
-    srv = serve_in_thread(create_app(config), lifespan="on").start()
-    try:
-        with httpx.Client(timeout=30) as client:
-            corpus = populate(srv, fake, root / "data", client)
-            fake.reset()
-            yield corpus
-    finally:
-        srv.stop()
+    config = proxy_config(upstream.url + "/v1", root / "data",
+                          {"compaction": {"context_windows": {"tiny": 4000}}, **overrides})
+    with serve_in_thread(create_app(config), lifespan="on") as srv, \
+            httpx.Client(timeout=30) as client:
+        corpus = populate(srv, fake, root / "data", client)
+        fake.reset()
+        yield corpus
 
 
 @pytest.fixture(scope="module")
@@ -431,9 +425,7 @@ def test_the_read_tool_cannot_reach_another_tenants_files(corpus: Corpus, fake: 
         return Reply(content=None, tool_calls=calls)
 
     fake.responder = model
-    r = httpx.post(corpus.url + "/v1/chat/completions", timeout=30,
-                   headers={**bearer(KEY_A), "x-session-id": "build-1"},
-                   content=orjson.dumps({"model": "gpt-4o", "messages": build_messages(MARK[KEY_A])}))
+    r = corpus.chat({**bearer(KEY_A), "x-session-id": "build-1"}, build_messages(MARK[KEY_A]))
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "done"
     assert r.headers["x-ctxproxy-read-rounds"] == "1"
     results = {m["tool_call_id"]: m["content"] for m in fake.received[-1].json()["messages"]
@@ -461,22 +453,16 @@ def test_identical_conversations_of_two_tenants_are_two_sessions(
     messages = [{"role": "user", "content": "the very same first message"}]
     sessions = set()
     for key in (KEY_A, KEY_B):
-        r = httpx.post(corpus.url + "/v1/chat/completions", headers=bearer(key), timeout=30,
-                       content=orjson.dumps({"model": "gpt-4o", "messages": messages}))
+        r = corpus.chat(bearer(key), messages)
         sessions.add(r.headers["x-ctxproxy-session"])
     assert len(sessions) == 2
     # B's answer is archived just after it is sent: wait for it before taking B's snapshot.
+    corpus.srv.drain()
     b_dialogs = corpus.data / TB / r.headers["x-ctxproxy-session"] / "dialog"
-    deadline = time.monotonic() + 5
-    while b'"role":"assistant"' not in b"".join(p.read_bytes() for p in b_dialogs.glob("*")):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    assert b'"role":"assistant"' in b"".join(p.read_bytes() for p in b_dialogs.glob("*"))
     before = {p: p.read_bytes() for p in (corpus.data / TB).rglob("*") if p.is_file()}
     for sid in ("build-1", f"../{TB}/build-1", f"../../{TB}/build-1", f"{TB}/build-1", ONLY_B):
-        r = httpx.post(corpus.url + "/v1/chat/completions", timeout=30,
-                       headers={**bearer(KEY_A), "x-session-id": sid},
-                       content=orjson.dumps({"model": "gpt-4o",
-                                             "messages": build_messages("intruder")}))
+        r = corpus.chat({**bearer(KEY_A), "x-session-id": sid}, build_messages("intruder"))
         assert r.status_code == 200
     after = {p: p.read_bytes() for p in (corpus.data / TB).rglob("*") if p.is_file()}
     assert after == before
@@ -544,8 +530,7 @@ def test_health_and_metrics_are_open_and_carry_no_names(guarded: Corpus) -> None
     for needle in (TA, TB, "build-1", ONLY_B, MASTER, KEY_A, KEY_B, MARK[KEY_A]):
         assert needle not in metrics.text
     # Chat is not gated by the master key: the upstream judges the client's own key.
-    r = httpx.post(guarded.url + "/v1/chat/completions", headers=bearer(KEY_A), timeout=30,
-                   content=orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}))
+    r = guarded.chat(bearer(KEY_A), [{"role": "user", "content": "hi"}])
     assert r.status_code == 200
 
 

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -29,11 +28,13 @@ from proxy.pipeline.offload import Offloader
 from proxy.pipeline.runner import Pipeline
 from proxy.pipeline.tokens import TokenCounter
 from proxy.pipeline.truncate import read_chunk, utf8_len
+from proxy.services import Services
 from proxy.session import Identity
 from proxy.store.tool_results import OffloadedFileMissing, ToolResultStore
 from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.inprocess import InProcess
 
-from .conftest import ProxyFactory
+from .conftest import InProcessFactory
 
 ID = Identity("t-tenant", "sess-1", None)
 
@@ -372,15 +373,16 @@ def test_property_lossless_and_within_budget(tmp_path_factory: pytest.TempPathFa
     assert again == out
 
 
-# -- through the real proxy --------------------------------------------------------------------
+# -- through the proxy (in process) ------------------------------------------------------------
 
 
-def test_proxy_offloads_and_resends_identically(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> None:
-    srv = make_proxy()
+async def test_proxy_offloads_and_resends_identically(
+    inproc: InProcess, fake: FakeUpstream, tmp_path: Path
+) -> None:
     msgs = [{"role": "user", "content": "go"}, *turn("c1", "bash", log_text(3000))]
     body = orjson.dumps({"model": "gpt-4o", "messages": msgs, "x_extra": 1})
-    r1 = httpx.post(srv.url + "/v1/chat/completions", content=body, headers={"authorization": "Bearer k"})
-    r2 = httpx.post(srv.url + "/v1/chat/completions", content=body, headers={"authorization": "Bearer k"})
+    r1 = await inproc.client.post("/v1/chat/completions", content=body, headers={"authorization": "Bearer k"})
+    r2 = await inproc.client.post("/v1/chat/completions", content=body, headers={"authorization": "Bearer k"})
     assert r1.status_code == r2.status_code == 200
     assert r1.headers["x-ctxproxy-offloaded"] == "1"
     a, b = fake.received[-2].body, fake.received[-1].body
@@ -389,27 +391,40 @@ def test_proxy_offloads_and_resends_identically(make_proxy: ProxyFactory, fake: 
     assert len(files(tmp_path / "data")) == 1
 
 
-def test_proxy_disk_failure_still_serves(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> None:
+async def test_proxy_disk_failure_still_serves(
+    make_inproc: InProcessFactory, fake: FakeUpstream, tmp_path: Path
+) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the data dir should be")
-    srv = make_proxy({"storage": {"data_dir": str(blocker / "data")}})
+    app = await make_inproc({"storage": {"data_dir": str(blocker / "data")}})
     msgs = [{"role": "user", "content": "go"}, *turn("c1", "bash", log_text(3000))]
     body = orjson.dumps({"model": "gpt-4o", "messages": msgs})
-    r = httpx.post(srv.url + "/v1/chat/completions", content=body)
+    r = await app.client.post("/v1/chat/completions", content=body)
     assert r.status_code == 200 and r.headers["x-ctxproxy-offloaded"] == "0"
     assert fake.received[-1].body == body  # forwarded uncut, byte for byte
 
 
-def test_server_runs_gc_at_startup(make_proxy: ProxyFactory, tmp_path: Path) -> None:
+async def test_server_runs_gc_at_startup(
+    make_inproc: InProcessFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = tmp_path / "data"
     stage, _, _ = make_stage(data)
     msgs = [{"role": "user", "content": "go"}, *turn("c1", "bash", log_text(2000))]
-    stage(msgs, view(msgs))
+    await asyncio.to_thread(stage, msgs, view(msgs))  # the stage runs a loop of its own
     [f] = files(data)
     past = time.time() - 6 * 86400
     os.utime(f, (past, past))
-    make_proxy()
-    deadline = time.monotonic() + 5
-    while f.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # The start-up collection runs in the background; its end is the event to wait for.
+    collected = asyncio.Event()
+    real = Services.collect_garbage
+
+    async def noting(self: Services) -> None:
+        try:
+            await real(self)
+        finally:
+            collected.set()
+
+    monkeypatch.setattr(Services, "collect_garbage", noting)
+    await make_inproc()
+    await asyncio.wait_for(collected.wait(), 10)
     assert not f.exists()

@@ -1,12 +1,11 @@
-"""retrieval.mode proxy: the model reads offloaded files through the proxy's own tool."""
+"""retrieval.mode proxy: the model reads offloaded files through the proxy's own tool (the
+proxy in process; the openai SDK as the client, over the in-process transport)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import orjson
 import pytest
@@ -14,9 +13,9 @@ import pytest
 from proxy.pipeline.notice import parse_notice, split_notice
 from proxy.store.dialog import read
 from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread
+from proxy.testing.inprocess import InProcess
 
-from .conftest import ProxyFactory
+from .conftest import InProcessFactory
 
 FACT = "PLANTED-FACT-7731"
 
@@ -74,14 +73,15 @@ class Reader:
                      usage={"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107})
 
 
-def chat(srv: ServerThread) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-r", max_retries=0)
+def chat(app: InProcess, api_key: str = "sk-r") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=app.url + "/v1", api_key=api_key, max_retries=0,
+                              http_client=app.client)
 
 
-def test_non_stream_reads_through_the_proxy(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+async def test_non_stream_reads_through_the_proxy(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
     model = Reader(fake)
-    srv = make_proxy()
-    raw = chat(srv).chat.completions.with_raw_response.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
+    app = await make_inproc()
+    raw = await chat(app).chat.completions.with_raw_response.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
     resp = raw.parse()
     assert resp.choices[0].message.content == f"It says {FACT}."
     assert resp.choices[0].message.tool_calls is None
@@ -95,12 +95,12 @@ def test_non_stream_reads_through_the_proxy(make_proxy: ProxyFactory, fake: Fake
     assert second[-1]["role"] == "tool" and "line 7" not in second[-1]["content"][:20]
 
 
-def test_stream_withholds_the_proxys_calls(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+async def test_stream_withholds_the_proxys_calls(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
     model = Reader(fake)
-    srv = make_proxy()
-    chunks = list(chat(srv).chat.completions.create(
+    app = await make_inproc()
+    chunks = [c async for c in await chat(app).chat.completions.create(
         model="gpt-4o", messages=history(big_output()), stream=True,  # type: ignore[arg-type]
-        stream_options={"include_usage": True}))
+        stream_options={"include_usage": True})]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == f"It says {FACT}."
     assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
@@ -109,31 +109,31 @@ def test_stream_withholds_the_proxys_calls(make_proxy: ProxyFactory, fake: FakeU
     assert chunks[-1] is usage[0]
 
 
-def test_stream_without_usage_request_gets_none(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+async def test_stream_without_usage_request_gets_none(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
     Reader(fake)
-    srv = make_proxy()
-    chunks = list(chat(srv).chat.completions.create(
-        model="gpt-4o", messages=history(big_output()), stream=True))  # type: ignore[arg-type]
+    app = await make_inproc()
+    chunks = [c async for c in await chat(app).chat.completions.create(
+        model="gpt-4o", messages=history(big_output()), stream=True)]  # type: ignore[arg-type]
     assert all(c.usage is None for c in chunks)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == f"It says {FACT}."
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_mixed_calls_pass_only_the_clients(make_proxy: ProxyFactory, fake: FakeUpstream, stream: bool) -> None:
+async def test_mixed_calls_pass_only_the_clients(make_inproc: InProcessFactory, fake: FakeUpstream, stream: bool) -> None:
     Reader(fake, extra_call=True)
-    srv = make_proxy()
-    c = chat(srv)
+    app = await make_inproc()
+    c = chat(app)
     if stream:
-        names = [d.function.name for ch in c.chat.completions.create(
+        names = [d.function.name async for ch in await c.chat.completions.create(
             model="gpt-4o", messages=history(big_output()), stream=True)  # type: ignore[arg-type]
             for d in ((ch.choices[0].delta.tool_calls or []) if ch.choices else [])
             if d.function and d.function.name]
-        indexes = [d.index for ch in c.chat.completions.create(
+        indexes = [d.index async for ch in await c.chat.completions.create(
             model="gpt-4o", messages=history(big_output()), stream=True)  # type: ignore[arg-type]
             for d in ((ch.choices[0].delta.tool_calls or []) if ch.choices else [])]
         assert set(indexes) == {0}
     else:
-        msg = c.chat.completions.create(model="gpt-4o", messages=history(big_output())).choices[0].message  # type: ignore[arg-type]
+        msg = (await c.chat.completions.create(model="gpt-4o", messages=history(big_output()))).choices[0].message  # type: ignore[arg-type]
         names = [t.function.name for t in msg.tool_calls or []]  # type: ignore[union-attr]
     assert names == ["bash"]
     assert all(len(r.json()["messages"]) == 4 for r in fake.received)  # no second round
@@ -141,23 +141,23 @@ def test_mixed_calls_pass_only_the_clients(make_proxy: ProxyFactory, fake: FakeU
 
 @pytest.mark.parametrize("path", ["../../../etc/passwd", "/etc/passwd", "tool_result/../../x.txt",
                                   "dialog/../../../x.jsonl", "tool_result/%2e%2e.txt"])
-def test_read_tool_refuses_foreign_paths(make_proxy: ProxyFactory, fake: FakeUpstream, path: str) -> None:
+async def test_read_tool_refuses_foreign_paths(make_inproc: InProcessFactory, fake: FakeUpstream, path: str) -> None:
     Reader(fake, path=path)
-    srv = make_proxy({"retrieval": {"max_rounds": 1}})
-    chat(srv).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
+    app = await make_inproc({"retrieval": {"max_rounds": 1}})
+    await chat(app).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
     result = fake.received[1].json()["messages"][-1]["content"]
     assert result.startswith("error:") and "root:" not in result
 
 
-def test_max_rounds_then_a_limit_notice_with_the_same_tools(
-    make_proxy: ProxyFactory, fake: FakeUpstream
+async def test_max_rounds_then_a_limit_notice_with_the_same_tools(
+    make_inproc: InProcessFactory, fake: FakeUpstream
 ) -> None:
     """Past max_rounds the model's read calls are answered with a notice that reading is over
     for this turn, then it is asked once more; the tools array is the same in every round (a
     changed tools array would discard the provider's prompt cache)."""
     model = Reader(fake, forever=True)
-    srv = make_proxy({"retrieval": {"max_rounds": 2}})
-    resp = chat(srv).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
+    app = await make_inproc({"retrieval": {"max_rounds": 2}})
+    resp = await chat(app).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
     assert model.calls == 4  # two reads, the limit notice, and the final answer
     rounds = [r.json() for r in fake.received]
     assert all(r["tools"] == rounds[0]["tools"] for r in rounds)
@@ -166,43 +166,38 @@ def test_max_rounds_then_a_limit_notice_with_the_same_tools(
     assert resp.choices[0].message.tool_calls is None  # the read call is not handed to the client
 
 
-def test_a_chain_of_reads_walks_the_whole_file(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+async def test_a_chain_of_reads_walks_the_whole_file(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
     output = big_output(lines=1200, fact_at=99999)  # no fact: the model reads to the end
     model = Reader(fake, forever=False)
-    srv = make_proxy({"offload": {"recent_max_bytes": 20000}, "retrieval": {"max_rounds": 20}})
-    chat(srv).chat.completions.create(model="gpt-4o", messages=history(output))  # type: ignore[arg-type]
+    app = await make_inproc({"offload": {"recent_max_bytes": 20000}, "retrieval": {"max_rounds": 20}})
+    await chat(app).chat.completions.create(model="gpt-4o", messages=history(output))  # type: ignore[arg-type]
     excerpt = split_notice(fake.received[0].json()["messages"][2]["content"])[0]  # type: ignore[index]
     assert excerpt + model.read_text == output
 
 
-def test_archive_records_the_proxys_rounds(make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path) -> None:
+async def test_archive_records_the_proxys_rounds(make_inproc: InProcessFactory, fake: FakeUpstream, tmp_path: Path) -> None:
     Reader(fake)
-    srv = make_proxy()
-    chat(srv).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
-    deadline = time.monotonic() + 5
-    recs: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        recs = [r for f in (tmp_path / "data").rglob("dialog/*.jsonl") for r in read(f)]
-        if any(r["role"] == "assistant" and r["message"].get("content") for r in recs):
-            break
-        time.sleep(0.05)
+    app = await make_inproc()
+    await chat(app).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
+    await app.drain()  # the answer is archived after the response
+    recs = [r for f in (tmp_path / "data").rglob("dialog/*.jsonl") for r in read(f)]
     names = [c["function"]["name"] for r in recs for c in (r["message"].get("tool_calls") or [])]
     assert "read_offloaded" in names
     assert recs[-1]["message"]["content"] == f"It says {FACT}."
     assert any(r["role"] == "tool" and FACT in r["message"]["content"] for r in recs)
 
 
-def test_no_notice_no_tool_and_bytes_untouched(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
-    srv = make_proxy()
+async def test_no_notice_no_tool_and_bytes_untouched(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
+    app = await make_inproc()
     body = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
-    httpx.post(srv.url + "/v1/chat/completions", content=body)
+    await app.client.post("/v1/chat/completions", content=body)
     assert fake.received[-1].body == body
 
 
-def test_mode_client_names_the_clients_tool(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
-    srv = make_proxy({"retrieval": {"mode": "client", "client_tool_name": "Read",
+async def test_mode_client_names_the_clients_tool(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
+    app = await make_inproc({"retrieval": {"mode": "client", "client_tool_name": "Read",
                                     "client_tool": {"path_arg": "file_path", "line_arg": "offset"}}})
-    chat(srv).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
+    await chat(app).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
     sent = fake.received[-1].json()
     notice = parse_notice(sent["messages"][2]["content"])
     assert notice is not None and notice.tool == "Read"
@@ -210,9 +205,9 @@ def test_mode_client_names_the_clients_tool(make_proxy: ProxyFactory, fake: Fake
     assert "offset=" in sent["messages"][2]["content"] and "tools" not in sent
 
 
-def test_mode_none_gives_the_files_url(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
-    srv = make_proxy({"retrieval": {"mode": "none"}, "server": {"public_url": "http://proxy.example:4000"}})
-    chat(srv).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
+async def test_mode_none_gives_the_files_url(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
+    app = await make_inproc({"retrieval": {"mode": "none"}, "server": {"public_url": "http://proxy.example:4000"}})
+    await chat(app).chat.completions.create(model="gpt-4o", messages=history(big_output()))  # type: ignore[arg-type]
     sent = fake.received[-1].json()
     content = sent["messages"][2]["content"]
     notice = parse_notice(content)
@@ -221,7 +216,7 @@ def test_mode_none_gives_the_files_url(make_proxy: ProxyFactory, fake: FakeUpstr
     assert "tools" not in sent
 
 
-def test_dialog_file_read_from_the_end(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+async def test_dialog_file_read_from_the_end(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
     from proxy.compaction.message import summary_body
 
     from .test_compaction import SUMMARY, is_summarizer
@@ -244,16 +239,16 @@ def test_dialog_file_read_from_the_end(make_proxy: ProxyFactory, fake: FakeUpstr
             "file_path": pointer.split(" lines")[0], "start_line": 3}}])
 
     fake.responder = responder
-    srv = make_proxy({"compaction": {"context_windows": {"gpt-4o": 4000}}})
-    resp = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-t", max_retries=0).chat.completions.create(
+    app = await make_inproc({"compaction": {"context_windows": {"gpt-4o": 4000}}})
+    resp = await chat(app, api_key="sk-t").chat.completions.create(
         model="gpt-4o", messages=long_history(30))  # type: ignore[arg-type]
     assert resp.choices[0].message.content == "read it"
     record = orjson.loads(seen["result"].splitlines()[0])
     assert record["pos"] == 2 and record["message"]["role"] == "assistant"  # archived line 3
 
 
-def test_an_upstream_error_mid_stream_reaches_the_client(
-    make_proxy: ProxyFactory, fake: FakeUpstream
+async def test_an_upstream_error_mid_stream_reaches_the_client(
+    make_inproc: InProcessFactory, fake: FakeUpstream
 ) -> None:
     """An error event in a read round is passed on as it came and ends the stream: no
     [DONE], no further round, as if the error had never happened."""
@@ -261,11 +256,11 @@ def test_an_upstream_error_mid_stream_reaches_the_client(
     sse = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
            b'"delta":{"content":"Hel"}}]}\n\n' + error)
     fake.script(Reply(body=sse, headers={"content-type": "text/event-stream"}))
-    srv = make_proxy()
+    app = await make_inproc()
     body = {"model": "gpt-4o", "messages": history(big_output()), "stream": True}
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=10,
-                      headers={"authorization": "Bearer sk-r"}) as r:
-        raw = b"".join(r.iter_raw())
+    r = await app.client.post("/v1/chat/completions", json=body,
+                              headers={"authorization": "Bearer sk-r"})
+    raw = r.content
     assert r.status_code == 200
     assert raw.endswith(error) and b"[DONE]" not in raw and b'"Hel"' in raw
     assert fake.request_count == 1

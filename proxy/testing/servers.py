@@ -2,6 +2,7 @@
 
     with serve_in_thread(app) as srv:          # sync tests, benchmarks, `ctxproxy demo`
         httpx.get(srv.url + "/v1/models")
+        srv.drain()                            # the proxy's work left behind by requests
 
     async with serve_async(app) as srv:        # async tests; app runs on *this* event loop
         ...
@@ -11,6 +12,7 @@ known before the context manager returns.
 
 :mod:`proxy.testing.process` runs the real command line (``python -m proxy serve``) as a child
 process instead, for what needs a process of its own: signals, ``kill -9``, start-up time.
+:mod:`proxy.testing.inprocess` calls an app with no socket at all (handler logic).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Protocol, Self
 
 import uvicorn
 
@@ -40,6 +42,10 @@ __all__ = [
 #: Deliberately loose: any ``async (scope, receive, send) -> None`` callable (Starlette, raw ASGI).
 ASGIApp = Callable[..., Awaitable[None]]
 Lifespan = Literal["auto", "on", "off"]
+
+
+class _Drains(Protocol):
+    async def drain(self) -> None: ...
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0, backlog: int = 2048) -> socket.socket:
@@ -192,6 +198,18 @@ class ServerThread:
         finally:
             sock.close()
             self._started.set()  # unblock start() if we died before listening
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """Wait until the work requests left behind is done: ``app.services.drain()`` (see
+        :meth:`proxy.services.Services.drain`), run on the server's loop. Blocks this thread."""
+        services: _Drains | None = getattr(self.app, "services", None)
+        if services is None or self.loop is None or not self.running:
+            raise RuntimeError(f"the app on {self.url} is not running or has no services")
+
+        async def drain() -> None:
+            await services.drain()
+
+        asyncio.run_coroutine_threadsafe(drain(), self.loop).result(timeout)
 
     def stop(self) -> None:
         """Ask uvicorn to exit, join the thread; force exit if graceful shutdown stalls."""

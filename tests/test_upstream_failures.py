@@ -1,19 +1,22 @@
-"""Upstream faults on every forwarding route, through httpx and the real openai SDK.
+"""Failures: what the client gets when a request is bad or the upstream fails, that nothing
+hangs or is left running, and that the client's messages are kept anyway.
 
-Routes: chat (non-stream and stream), chat through the read-tool loop (a request carrying an
-offload notice; non-stream and stream), ``GET /v1/models`` (passed through: no ``model_list``)
-and ``POST /v1/embeddings`` (raw pass-through). Faults: connection refused, 429 with
-``Retry-After``, a reset (RST) in the middle of a non-streaming body or of an SSE stream, a
-first byte that never comes, a body that stalls half-way.
-
-The upstream here is a raw socket server, so a fault hits every route alike and the test sees
-what the proxy does with the connection afterwards. For each fault: a clean error for the client
-(the envelope while no response was started, else a stream that ends with an error event), the
-proxy's connections to the client and to the upstream closed, no task left running on the
-proxy's loop, and the client's messages archived although the upstream failed.
-
-(tests/test_faults.py and tests/test_failures.py cover the chat route against the fake upstream:
-passing through 4xx/5xx, stalls between stream chunks, disconnects.)
+* The proxy's own refusals (400, 413) and upstream answers and errors against the fake: the
+  proxy in process. Every proxy-made error is OpenAI's envelope; upstream errors pass through
+  byte for byte.
+* On the wire (a real server): a client that walks away cancels the upstream call, a stream
+  that breaks ends the client's stream cleanly, no task is left behind.
+* Faults of a raw socket upstream on every forwarding route, through httpx and the openai SDK:
+  chat (non-stream and stream), chat through the read-tool loop (a request carrying an offload
+  notice; non-stream and stream), ``GET /v1/models`` (passed through: no ``model_list``) and
+  ``POST /v1/embeddings`` (raw pass-through). Faults: connection refused, 429 with
+  ``Retry-After``, a reset (RST) in the middle of a non-streaming body or of an SSE stream, a
+  first byte that never comes, a body that stalls half-way. For each: a clean error for the
+  client (the envelope while no response was started, else a stream that ends with an error
+  event), the proxy's connections to the client and to the upstream closed, no task left
+  running on the proxy's loop, and the client's messages archived although the upstream failed.
+* A POST is never sent twice: an upstream that read the whole request and then dropped the
+  connection may be generating (and billing) the answer, so the client gets a 502, not a retry.
 """
 
 from __future__ import annotations
@@ -31,16 +34,319 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import aiohttp
 import httpx
 import openai
 import orjson
 import pytest
 
 from proxy.app import create_app
-from proxy.config import config_from_mapping
+from proxy.pipeline.notice import parse_notice
+from proxy.testing.fake_upstream import FakeUpstream, Reply, error_body
+from proxy.testing.inprocess import InProcess
 from proxy.testing.servers import ServerThread, serve_in_thread
 
-from .conftest import closed_port
+from .conftest import (
+    InProcessFactory,
+    ProxyFactory,
+    assert_envelope,
+    closed_port,
+    proxy_config,
+)
+from .test_compaction import SYSTEM, Script, archived_lines, history, is_summarizer, model_calls
+from .test_retrieval import big_output as read_output
+from .test_retrieval import history as read_history
+
+CHAT = "/v1/chat/completions"
+GOOD = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+STREAM = orjson.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]})
+
+
+def archived_messages(data: Path) -> list[dict[str, Any]]:
+    return [rec["message"] for rec in archived_lines(data)]
+
+
+# --- the proxy's own refusals (in process) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (b"{not json", None),
+        (b"", None),
+        (b"[1, 2]", None),
+        (b'"just a string"', None),
+        (b'{"messages": []}', "model"),
+        (b'{"model": 5, "messages": []}', "model"),
+        (b'{"model": "gpt-4o"}', "messages"),
+        (b'{"model": "gpt-4o", "messages": {"role": "user"}}', "messages"),
+        (b'{"model": "gpt-4o", "messages": [], "x": "\xff\xfe"}', None),
+    ],
+)
+async def test_bad_requests_get_400(
+    inproc: InProcess, fake: FakeUpstream, body: bytes, param: str | None
+) -> None:
+    r = await inproc.client.post(CHAT, content=body, headers={"content-type": "application/json"})
+    assert_envelope(r, 400, param)
+    assert fake.received == []  # nothing reached the upstream
+
+
+async def test_body_over_limit_gets_413(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
+    app = await make_inproc({"server": {"max_body_mb": 0.01}})
+    big = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 20000}]})
+    assert_envelope(await app.client.post(CHAT, content=big), 413)
+
+    async def chunked() -> Any:
+        for i in range(0, len(big), 1000):
+            yield big[i : i + 1000]
+
+    # Without a content-length the limit is enforced while reading.
+    assert_envelope(await app.client.post(CHAT, content=chunked()), 413)
+    assert fake.received == []
+    assert (await app.client.post(CHAT, content=GOOD)).status_code == 200
+
+
+async def test_proxy_survives_failures(inproc: InProcess, fake: FakeUpstream) -> None:
+    for _ in range(3):
+        await inproc.client.post(CHAT, content=b"{bad")
+    r = await inproc.client.post(CHAT, content=GOOD)
+    assert r.json()["choices"][0]["message"]["content"] == "ok"
+
+
+# --- upstream answers and errors (in process) --------------------------------------------------
+
+
+async def test_upstream_unreachable_gets_502(make_inproc: InProcessFactory) -> None:
+    app = await make_inproc({"upstream": {"base_url": f"http://127.0.0.1:{closed_port()}/v1"}})
+    err = assert_envelope(await app.client.post(CHAT, content=GOOD), 502)
+    assert err["code"] == "upstream_unavailable"
+    assert_envelope(await app.client.get("/v1/models"), 502)
+
+
+async def test_upstream_timeout_gets_504(make_inproc: InProcessFactory, fake: FakeUpstream) -> None:
+    app = await make_inproc({"upstream": {"timeout_s": 0.3}})
+    fake.script(Reply(delay_s=2))
+    err = assert_envelope(await app.client.post(CHAT, content=GOOD), 504)
+    assert err["code"] == "upstream_timeout"
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 429, 500, 503])
+async def test_upstream_errors_pass_through_unchanged(
+    inproc: InProcess, fake: FakeUpstream, status: int
+) -> None:
+    body = error_body(status, f"upstream says {status}")
+    fake.script(Reply(status=status, body=body, headers={"retry-after": "3"}))
+    r = await inproc.client.post(CHAT, content=GOOD)
+    assert r.status_code == status
+    assert r.content == body
+    assert r.headers["retry-after"] == "3"
+
+
+async def test_non_json_upstream_body_passes_through(inproc: InProcess, fake: FakeUpstream) -> None:
+    fake.script(Reply(status=502, body=b"<html>bad gateway</html>", headers={"content-type": "text/html"}))
+    r = await inproc.client.post(CHAT, content=GOOD)
+    assert r.status_code == 502 and r.content == b"<html>bad gateway</html>"
+
+
+async def test_upstream_body_breaking_mid_way_gets_502(inproc: InProcess, fake: FakeUpstream) -> None:
+    fake.script(Reply(content="x" * 5000, break_after_events=1))
+    err = assert_envelope(await inproc.client.post(CHAT, content=GOOD), 502)
+    assert "broke" in str(err["message"])
+
+
+@pytest.mark.parametrize(
+    "reply, status",
+    [
+        (Reply.error(429, "slow down", headers={"retry-after": "7"}), 429),
+        (Reply.error(500, "boom"), 500),
+        (Reply.error(503, "overloaded"), 503),
+        (Reply(status=200, body=b'{"choices": [', headers={"content-type": "application/json"}), 200),
+        (Reply(status=200, body=b"<html>not json</html>", headers={"content-type": "text/html"}), 200),
+    ],
+)
+async def test_upstream_answers_pass_through_and_dialog_is_kept(
+    inproc: InProcess, fake: FakeUpstream, data_dir: Path, reply: Reply, status: int
+) -> None:
+    fake.script(reply)
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello there"}]
+    r = await inproc.client.post(CHAT, content=orjson.dumps({"model": "gpt-4o", "messages": msgs}))
+    assert r.status_code == status
+    assert r.content == (reply.body if reply.body is not None else r.content)
+    if status == 429:
+        assert r.headers["retry-after"] == "7"
+    await inproc.drain()
+    assert archived_messages(data_dir)[:2] == msgs
+
+
+async def test_slow_drip_stream_within_timeout_arrives_whole(
+    make_inproc: InProcessFactory, fake: FakeUpstream
+) -> None:
+    """upstream.timeout_s bounds each wait for the next chunk, not the whole stream (9 events,
+    0.2 s apart: 1.6 s in all)."""
+    app = await make_inproc({"upstream": {"timeout_s": 1.0}})
+    fake.script(Reply(content="one two three four five six", stream_pieces=6, chunk_delay_s=0.2))
+    raw = (await app.client.post(CHAT, content=STREAM)).content
+    text = "".join(
+        (orjson.loads(e[6:])["choices"][0]["delta"].get("content") or "")
+        for e in raw.split(b"\n\n") if e.startswith(b"data: {") and b'"choices":[{' in e)
+    assert text == "one two three four five six" and raw.endswith(b"data: [DONE]\n\n")
+
+
+async def test_stream_stalling_past_timeout_ends_cleanly(
+    make_inproc: InProcessFactory, fake: FakeUpstream
+) -> None:
+    app = await make_inproc({"upstream": {"timeout_s": 0.4}})
+    fake.script(Reply(content="a b c d", stream_pieces=4, chunk_delay_s=1.5))
+    raw = (await app.client.post(CHAT, content=STREAM)).content
+    assert b'"code":"upstream_timeout"' in raw.split(b"\n\n")[-2]
+
+
+async def test_summarizer_timeout_serves_with_fallback(
+    make_inproc: InProcessFactory, fake: FakeUpstream
+) -> None:
+    script = Script(fake, delay=3.0)
+    app = await make_inproc({"compaction": {"context_windows": {"gpt-4o": 4000},
+                                            "summarizer_timeout_s": 0.5}})
+    r = await app.client.post(CHAT, content=orjson.dumps({"model": "gpt-4o", "messages": history(30)}),
+                              headers={"x-session-id": "slow-summary"})
+    assert r.status_code == 200
+    assert r.headers["x-ctxproxy-compacted"] == "1"
+    summary = model_calls(fake)[-1]["messages"][1]["content"]
+    assert "## Goal" in summary and "request 0" in summary
+    assert script.summaries >= 1 and any(is_summarizer(x.json()) for x in fake.received)
+
+
+async def test_read_tool_cannot_reach_another_tenants_file(
+    inproc: InProcess, fake: FakeUpstream
+) -> None:
+    # Tenant B offloads a file.
+    await inproc.client.post(CHAT, headers={"authorization": "Bearer sk-b"},
+                             content=orjson.dumps({"model": "gpt-4o", "messages": read_history(read_output())}))
+    theirs = orjson.loads(fake.received[-1].body)["messages"][2]["content"]
+    path = parse_notice(theirs).file_path  # type: ignore[union-attr]
+
+    def responder(body: dict[str, Any]) -> Reply:
+        if body["messages"][-1]["role"] == "tool":
+            return Reply(content="done")
+        return Reply(content=None, tool_calls=[{"name": "read_offloaded",
+                                                "arguments": {"file_path": path, "start_line": 1}}])
+
+    fake.responder = responder
+    # Tenant A (same session name, other key) asks its model to read B's path.
+    other = read_history("y\n" * 60000)
+    await inproc.client.post(CHAT, headers={"authorization": "Bearer sk-a"},
+                             content=orjson.dumps({"model": "gpt-4o", "messages": other}))
+    result = fake.received[-1].json()["messages"][-1]["content"]
+    assert result.startswith("error:") and "line 1:" not in result
+
+
+# --- on the wire (a real server) ---------------------------------------------------------------
+
+
+def unfinished(srv: ServerThread, before: set[asyncio.Task[Any]],
+               match: Callable[[str], bool] = lambda _: True, timeout: float = 5.0) -> list[str]:
+    """Tasks on the server's loop that are not in ``before`` and whose coroutine's repr
+    ``match``es: each awaited (up to ``timeout`` in all); those still running are returned."""
+    assert srv.loop is not None
+
+    async def settle() -> list[str]:
+        me = asyncio.current_task()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            new = {t for t in asyncio.all_tasks() if t is not me and not t.done()
+                   and t not in before and match(repr(t.get_coro()))}
+            left = deadline - asyncio.get_running_loop().time()
+            if not new or left <= 0:
+                return [repr(t.get_coro()) for t in new]
+            await asyncio.wait(new, timeout=left)
+
+    return asyncio.run_coroutine_threadsafe(settle(), srv.loop).result(timeout + 5)
+
+
+def tasks(srv: ServerThread) -> set[asyncio.Task[Any]]:
+    """The tasks running on the server's loop (this probe's own excepted)."""
+    assert srv.loop is not None
+
+    async def running() -> set[asyncio.Task[Any]]:
+        return {t for t in asyncio.all_tasks() if not t.done() and t is not asyncio.current_task()}
+
+    return asyncio.run_coroutine_threadsafe(running(), srv.loop).result(5)
+
+
+async def _abandon_mid_stream(url: str, body: bytes) -> None:
+    """Read the first piece of a stream, then walk away."""
+    async with aiohttp.ClientSession() as s, s.post(url, data=body) as r:
+        await r.content.readany()
+        r.close()
+
+
+async def _abandon_once_forwarded(
+    url: str, body: bytes, fake: FakeUpstream, headers: dict[str, str] | None = None
+) -> None:
+    """Post, and walk away as soon as the upstream has the request (the first request of a
+    fresh proxy may still be loading its tokenizer, so no fixed delay would do)."""
+    async with aiohttp.ClientSession() as s:
+        task = asyncio.ensure_future(s.post(url, data=body, headers=headers))
+        assert await fake.wait_for_async(lambda f: len(f.received) == 1, timeout=10)
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, aiohttp.ClientError):
+            pass
+
+
+def test_disconnect_cancels_non_streaming_upstream_call(
+    module_proxy: ServerThread, fake: FakeUpstream
+) -> None:
+    fake.script(Reply(delay_s=20))
+    asyncio.run(_abandon_once_forwarded(module_proxy.url + CHAT, GOOD, fake))
+    assert fake.wait_for(lambda f: len(f.cancelled) == 1, timeout=10)
+    assert fake.completed == []
+
+
+def test_disconnect_cancels_streaming_upstream_call(
+    module_proxy: ServerThread, fake: FakeUpstream
+) -> None:
+    # 20 s of stream, so that even a loaded machine sees the cancel long before it could end.
+    fake.script(Reply(content="word " * 200, stream_pieces=200, chunk_delay_s=0.1))
+    asyncio.run(_abandon_mid_stream(module_proxy.url + CHAT, STREAM))
+    assert fake.wait_for(lambda f: len(f.cancelled) == 1, timeout=10)
+    assert fake.completed == []
+
+
+def test_stream_breaking_mid_way_ends_client_stream_cleanly(
+    module_proxy: ServerThread, fake: FakeUpstream
+) -> None:
+    fake.script(Reply(content="abcdefgh" * 10, break_after_events=2))
+    with httpx.stream("POST", module_proxy.url + CHAT, content=STREAM, timeout=10) as r:
+        assert r.status_code == 200
+        raw = b"".join(r.iter_raw())  # a torn chunked body would raise here
+    events = [e for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+    assert len(events) == 3
+    last = orjson.loads(events[-1][len(b"data: ") :])
+    assert last["error"]["code"] == "upstream_stream_broken"
+
+
+def test_many_failures_leave_no_tasks_behind(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    srv = make_proxy({"upstream": {"timeout_s": 0.3}})
+    before = tasks(srv)
+
+    async def go() -> list[int]:
+        async with httpx.AsyncClient(timeout=10) as c:
+            for _ in range(20):
+                fake.script(Reply(delay_s=1))
+            body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]})
+            rs = await asyncio.gather(*(c.post(srv.url + CHAT, content=body) for _ in range(20)))
+            return [r.status_code for r in rs]
+
+    assert asyncio.run(go()) == [504] * 20
+    names = unfinished(srv, before, lambda r: "ChatCompletions" in r or
+                       "run_until_disconnect" in r or "relay" in r)
+    assert names == []
+
+
+# --- faults of a raw upstream, every route --------------------------------------------------------
+
 
 Mode = Literal["429", "reset_body", "reset_stream", "stall_first_byte", "stall_body", "big_reset",
                "read_call", "canned"]
@@ -48,7 +354,6 @@ TIMEOUT_S = 0.25  # the proxy's upstream.timeout_s
 ROUTES = ["chat", "chat_stream", "read_loop", "read_loop_stream", "models", "embeddings"]
 CHAT_ROUTES = {"chat", "chat_stream", "read_loop", "read_loop_stream"}
 STREAM_ROUTES = {"chat_stream", "read_loop_stream"}
-ENVELOPE_KEYS = {"message", "type", "param", "code"}
 RETRY_AFTER = "17"
 ERROR_429 = orjson.dumps({"error": {"message": "Rate limit reached for gpt-4o", "type": "requests",
                                     "param": None, "code": "rate_limit_exceeded"}})
@@ -80,7 +385,6 @@ SSE_EVENTS = [_chunk({"id": "c1", "object": "chat.completion.chunk", "created": 
                                    "finish_reason": None}]}) for piece in ("Hel", "lo ")]
 
 
-# --- the raw upstream ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -201,7 +505,6 @@ def _read_request(sock: socket.socket) -> bytes:
     return head
 
 
-# --- the proxies --------------------------------------------------------------------------------
 
 
 @dataclass
@@ -216,10 +519,8 @@ class Rig:
 
 
 def _proxy(base_url: str, data: Path) -> ServerThread:
-    config = config_from_mapping({
-        "upstream": {"base_url": base_url, "timeout_s": TIMEOUT_S, "connect_timeout_s": 2},
-        "storage": {"data_dir": str(data)},
-    })
+    config = proxy_config(base_url, data, {"upstream": {"timeout_s": TIMEOUT_S,
+                                                        "connect_timeout_s": 2}})
     return serve_in_thread(create_app(config), lifespan="on").start()
 
 
@@ -245,9 +546,6 @@ def refused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         srv.stop()
 
 
-# --- requests -----------------------------------------------------------------------------------
-
-
 def big_output() -> str:
     return "".join(f"line {i}: " + "x" * 50 + "\n" for i in range(1, 3001))
 
@@ -271,15 +569,8 @@ def send(client: httpx.Client, base: str, route: str, marker: str) -> httpx.Resp
     if route == "embeddings":
         return client.post(base + "/v1/embeddings", json={"model": "e", "input": marker})
     headers = {"x-session-id": f"faults-{marker}"}
-    return client.post(base + "/v1/chat/completions", content=orjson.dumps(chat_body(route, marker)),
+    return client.post(base + CHAT, content=orjson.dumps(chat_body(route, marker)),
                        headers=headers)
-
-
-def assert_envelope(r: httpx.Response, status: int, code: str) -> None:
-    assert r.status_code == status, r.text[:300]
-    assert r.headers["content-type"].startswith("application/json")
-    err = r.json()["error"]
-    assert set(err) == ENVELOPE_KEYS and err["code"] == code and err["message"]
 
 
 def sse_events(raw: bytes) -> list[Any]:
@@ -287,45 +578,22 @@ def sse_events(raw: bytes) -> list[Any]:
             for e in raw.strip().split(b"\n\n") if e.startswith(b"data: ")]
 
 
-# --- what must hold after every fault -------------------------------------------------------------
-
-
-def _on_loop(srv: ServerThread, make: Callable[[], Any]) -> Any:
-    assert srv.loop is not None
-
-    async def call() -> Any:
-        return make()
-
-    return asyncio.run_coroutine_threadsafe(call(), srv.loop).result(5)
-
-
-def tasks(srv: ServerThread) -> set[asyncio.Task[Any]]:
-    """The tasks running on the proxy's loop (this probe's own excepted)."""
-    return _on_loop(srv, lambda: {  # type: ignore[no-any-return]
-        t for t in asyncio.all_tasks() if not t.done() and t is not asyncio.current_task()})
-
-
-def leaked(srv: ServerThread, before: set[asyncio.Task[Any]]) -> list[str]:
-    return [repr(t.get_coro()) for t in tasks(srv) - before]
-
-
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+def let_go(srv: ServerThread, timeout: float = 5.0) -> bool:
+    """True once uvicorn holds no connection: it drops one when its loop sees it close, which
+    no event announces, so this polls (bounded; it fails only for a connection kept open)."""
+    server = srv.server
+    assert server is not None
     deadline = time.monotonic() + timeout
-    while not check():
+    while server.server_state.connections:
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.02)
+        time.sleep(0.005)
     return True
 
 
 def archived(data: Path, marker: str) -> bool:
-    for path in data.glob("*/*/dialog/*.jsonl"):
-        for line in path.read_bytes().splitlines():
-            with contextlib.suppress(orjson.JSONDecodeError):
-                content = orjson.loads(line).get("message", {}).get("content")
-                if isinstance(content, str) and marker in content:
-                    return True
-    return False
+    return any(isinstance(m.get("content"), str) and marker in m["content"]
+               for m in archived_messages(data))
 
 
 @contextlib.contextmanager
@@ -335,19 +603,17 @@ def settled(rig: Rig, route: str, marker: str) -> Iterator[None]:
     messages are in the archive."""
     before = tasks(rig.srv)
     first_conn = len(rig.upstream.conns) if rig.upstream is not None else 0
-    started = time.monotonic()
     yield
-    assert time.monotonic() - started < 5 * TIMEOUT_S + 3, "the fault took too long to surface"
-    assert eventually(lambda: not leaked(rig.srv, before)), leaked(rig.srv, before)
-    server = rig.srv.server
-    assert server is not None
-    assert eventually(lambda: not server.server_state.connections)
+    left = unfinished(rig.srv, before)
+    assert not left, left
+    assert let_go(rig.srv), "the proxy kept the client's connection"
     if rig.upstream is not None:
         conns = rig.upstream.conns[first_conn:]
         assert conns, "the request never reached the upstream"
         assert all(c.peer_closed.wait(5) for c in conns), "the proxy kept an upstream connection"
     if route in CHAT_ROUTES:
-        assert eventually(lambda: archived(rig.data, marker)), "the client's messages were not kept"
+        rig.srv.drain()
+        assert archived(rig.data, marker), "the client's messages were not kept"
 
 
 def marker() -> str:
@@ -364,13 +630,10 @@ def fault(rig: Rig, route: str, mode: Mode | None = None) -> httpx.Response:
         return send(client, rig.url, route, mark)
 
 
-# --- the faults ---------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("route", ROUTES)
 def test_connection_refused_is_a_502_envelope(refused: Rig, route: str) -> None:
     r = fault(refused, route)
-    assert_envelope(r, 502, "upstream_unavailable")
+    assert_envelope(r, 502, code="upstream_unavailable")
     assert "unreachable" in r.json()["error"]["message"]
 
 
@@ -387,7 +650,7 @@ def test_reset_mid_body_is_a_502_envelope(faulty: Rig, route: str) -> None:
     """Headers and part of a non-streaming body, then a reset: nothing was sent to the client
     yet, so it gets a clean 502 (stream requests too: the upstream answered JSON)."""
     r = fault(faulty, route, "reset_body")
-    assert_envelope(r, 502, "upstream_unavailable")
+    assert_envelope(r, 502, code="upstream_unavailable")
     assert "broke off" in r.json()["error"]["message"]
 
 
@@ -397,7 +660,7 @@ def test_reset_mid_stream_ends_the_stream_cleanly(faulty: Rig, route: str) -> No
     the events that came, then an error event, and ends (no torn chunked body, no [DONE])."""
     r = fault(faulty, route, "reset_stream")
     if route == "read_loop":  # the loop reads the whole answer before it answers
-        assert_envelope(r, 502, "upstream_unavailable")
+        assert_envelope(r, 502, code="upstream_unavailable")
         return
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.content)
@@ -415,14 +678,14 @@ def test_no_first_byte_within_the_timeout_is_a_504(faulty: Rig, route: str) -> N
     with settled(faulty, route, mark), httpx.Client(timeout=10) as client:
         t0 = time.monotonic()
         r = send(client, faulty.url, route, mark)
-        assert TIMEOUT_S * 0.9 < time.monotonic() - t0 < TIMEOUT_S + 2
-    assert_envelope(r, 504, "upstream_timeout")
+        assert time.monotonic() - t0 > TIMEOUT_S * 0.9  # not before the timeout
+    assert_envelope(r, 504, code="upstream_timeout")
 
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_body_stalling_half_way_is_a_504(faulty: Rig, route: str) -> None:
     r = fault(faulty, route, "stall_body")
-    assert_envelope(r, 504, "upstream_timeout")
+    assert_envelope(r, 504, code="upstream_timeout")
 
 
 @pytest.mark.parametrize("route", ["embeddings", "models"])
@@ -551,3 +814,87 @@ def test_malformed_answers_in_the_read_loop_never_crash_it(faulty: Rig, body: by
         assert r.content == body or orjson.loads(r.content)["choices"]
     else:
         assert r.content.endswith(b"data: [DONE]\n\n"), r.content[-300:]
+
+
+# --- a POST is never sent twice (in process) ---------------------------------------------------
+
+ANSWER = orjson.dumps({"id": "x", "object": "chat.completion", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+
+
+class DroppingUpstream:
+    """Raw HTTP/1.1 on loopback: the first `drops` requests are read whole and then the
+    connection is closed without a byte of answer; later requests get a 200."""
+
+    def __init__(self, drops: int) -> None:
+        self.drops = drops
+        self.requests = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                buf = buf[length:]
+                with self._lock:
+                    self.requests += 1
+                    drop = self.requests <= self.drops
+                if drop:
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def up() -> Iterator[DroppingUpstream]:
+    """An upstream that drops the first request it reads."""
+    upstream = DroppingUpstream(drops=1)
+    yield upstream
+    upstream.close()
+
+
+async def test_a_post_the_upstream_received_is_never_retried(
+    up: DroppingUpstream, tmp_path: Path
+) -> None:
+    async with InProcess(create_app(proxy_config(up.url, tmp_path / "data"))) as proxy:
+        r = await proxy.client.post(CHAT, json={
+            "model": "m", "messages": [{"role": "user", "content": "hello"}]})
+    assert r.status_code == 502
+    error = r.json()["error"]
+    assert error["type"] == "upstream_error" and "not retried" in error["message"]
+    assert up.requests == 1  # exactly one receipt: nothing billed twice
+
+
+async def test_the_next_request_gets_its_answer(up: DroppingUpstream, tmp_path: Path) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    async with InProcess(create_app(proxy_config(up.url, tmp_path / "data"))) as proxy:
+        first = await proxy.client.post(CHAT, json=body)
+        second = await proxy.client.post(CHAT, json=body)
+    assert (first.status_code, second.status_code) == (502, 200)
+    assert second.content == ANSWER and up.requests == 2
