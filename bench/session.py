@@ -1,10 +1,11 @@
 """A long agent session through the full pipeline (issue 4).
 
-    python bench/session.py [--steps 64] [--window 128000]
+    python bench/session.py [--steps 64] [--window 128000] [--format chat|responses]
 
 Replays a scripted coding-agent session (tool outputs of 1-300 KB, a few user constraints) through
 a real ctxproxy on loopback, against the fake upstream acting as both the model and the
-summarizer. The client resends its whole history every turn, as agents do. Reports:
+summarizer. The client resends its whole history every turn, as agents do, in the wire format
+``--format`` names (chat completions, or the Responses API as Codex speaks it). Reports:
 
 - total tokens the client sent vs total forwarded;
 - the largest forwarded request vs the window and the threshold;
@@ -31,8 +32,9 @@ from typing import Any
 import orjson
 
 from proxy.app import create_app
+from proxy.compaction.message import SUMMARY_HEADING
 from proxy.config import config_from_mapping
-from proxy.demo import MODEL, ScriptedModel, TurnFigures, drive, script
+from proxy.demo import MODEL, WIRES, ScriptedModel, TurnFigures, drive, script
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.servers import serve_in_thread
 from proxy.testing.slow_callbacks import SlowCallbacks
@@ -63,16 +65,30 @@ class PipelineTimes(logging.Handler):
         self.ms: list[float] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        m = re.search(r"POST /v1/chat/completions \d+ .*pipeline_ms=([\d.]+)", record.getMessage())
+        m = re.search(r"POST /v1/(?:chat/completions|responses) \d+ .*pipeline_ms=([\d.]+)",
+                      record.getMessage())
         if m:
             self.ms.append(float(m.group(1)))
+
+
+def conversation(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return body["messages"] if "messages" in body else body["input"]
 
 
 def canonical_units(body: dict[str, Any]) -> list[bytes]:
     opt = orjson.OPT_SORT_KEYS
     return [orjson.dumps(body.get("tools"), option=opt)] + [
-        orjson.dumps(m, option=opt) for m in body["messages"]
+        orjson.dumps(m, option=opt) for m in conversation(body)
     ]
+
+
+def summary_of(body: dict[str, Any]) -> str | None:
+    """The summary a forwarded request carries (the proxy puts it second), if any."""
+    second = conversation(body)[1:2]
+    if second and second[0].get("role") in ("system", "developer"):
+        content = second[0].get("content")
+        return content if isinstance(content, str) and SUMMARY_HEADING in content else None
+    return None
 
 
 def stability(a: list[bytes], b: list[bytes]) -> float:
@@ -98,6 +114,8 @@ def main() -> None:
     ap.add_argument("--model-delay", type=float, default=0.5)
     ap.add_argument("--keep-recent", type=float, default=None,
                     help="compaction.keep_recent_ratio (default: the config default)")
+    ap.add_argument("--format", choices=sorted(WIRES), default="chat",
+                    help="the client's wire format")
     ap.add_argument("--explain", action="store_true", help="print why each prefix break happened")
     ap.add_argument("--no-loop-debug", dest="loop_debug", action="store_false",
                     help="do not run the proxy's event loop in debug mode (no slow-callback count)")
@@ -125,16 +143,15 @@ def main() -> None:
         with serve_in_thread(create_app(config), lifespan="on",
                              loop_setup=watch.install if watch else None) as proxy:
             figures: list[TurnFigures] = asyncio.run(
-                drive(proxy.url, model, follow_ups=CONSTRAINTS, max_turns=500)
+                drive(proxy.url, model, follow_ups=CONSTRAINTS, max_turns=500, wire=args.format)
             )
-    forwarded = [r.json() for r in fake.received if r.path.endswith("chat/completions")]
-    forwarded = [b for b in forwarded if not (isinstance(b["messages"][0].get("content"), str)
-                                             and "summar" in b["messages"][0]["content"].lower()
-                                             and not b["messages"][0]["content"].startswith("You are a coding"))]
+    forwarded = [r.json() for r in fake.received if r.path.endswith(WIRES[args.format]().path)]
+    forwarded = [b for b in forwarded if not (isinstance(conversation(b)[0].get("content"), str)
+                                             and "summar" in conversation(b)[0]["content"].lower()
+                                             and not conversation(b)[0]["content"].startswith("You are a coding"))]
     units = [canonical_units(b) for b in forwarded]
     stab = [stability(a, b) for a, b in zip(units, units[1:], strict=False)]
-    summaries = [next((m["content"] for m in b["messages"][1:2] if m["role"] == "system"), None)
-                 for b in forwarded]
+    summaries = [summary_of(b) for b in forwarded]
     events = sum(1 for a, b in zip(summaries, summaries[1:], strict=False) if b is not None and a != b)
     crossing = [i + 1 for i, (a, b) in enumerate(zip(summaries, summaries[1:], strict=False))
                 if b is not None and a != b]
@@ -142,7 +159,7 @@ def main() -> None:
     fwd = sum(f.forwarded for f in figures)
     normal = [f.ms for i, f in enumerate(figures) if i not in crossing and i > 0]
     cross_ms = [figures[i].ms for i in crossing]
-    print(f"# {len(figures)} turns, {args.steps} tool calls (1-300 KB outputs), window {args.window:,}, "
+    print(f"# {args.format}: {len(figures)} turns, {args.steps} tool calls (1-300 KB outputs), window {args.window:,}, "
           f"threshold {threshold:,}; summarizer answers in {args.summary_delay:g} s, model in "
           f"{args.model_delay:g} s")
     print(f"tokens sent by the client   {sent:>12,}")
@@ -181,14 +198,16 @@ def explain(forwarded: list[dict[str, Any]]) -> None:
         if s >= 0.99:
             continue
         k = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        msg = forwarded[i]["messages"][k - 1] if 0 < k <= len(forwarded[i]["messages"]) else {}
-        nxt = forwarded[i + 1]["messages"][k - 1] if 0 < k <= len(forwarded[i + 1]["messages"]) else {}
+        before, later = conversation(forwarded[i]), conversation(forwarded[i + 1])
+        msg = before[k - 1] if 0 < k <= len(before) else {}
+        nxt = later[k - 1] if 0 < k <= len(later) else {}
         print(f"  pair {i}->{i + 1}: stability {s:.3f}, first change at unit {k} "
               f"({msg.get('role')}: {len(str(msg.get('content')))} -> {nxt.get('role')}: "
               f"{len(str(nxt.get('content')))} chars)")
-        after = forwarded[i + 1]["messages"]
-        print("    after: " + " ".join(f"{m['role'][:2]}{len(str(m.get('content') or m.get('tool_calls')))//1000}k"
-                                     for m in after))
+        print("    after: " + " ".join(
+            f"{str(m.get('role') or m.get('type'))[:2]}"
+            f"{len(str(m.get('content') or m.get('output') or m.get('tool_calls')))//1000}k"
+            for m in later))
 
 
 if __name__ == "__main__":

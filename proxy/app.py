@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from .access import AccessLog
-from .asgi import send_error
+from .asgi import refuse_websocket, send_error
 from .auth import Gate
 from .config import Config
 from .conversation import Conversation
@@ -98,6 +98,9 @@ class Proxy:
         return endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await refuse_websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.starlette(scope, receive, send)
             return

@@ -9,13 +9,14 @@ from collections.abc import Awaitable
 
 from starlette.types import Receive, Scope, Send
 
-from .errors import ClientDisconnected, PayloadTooLarge, ProxyError
+from .errors import ClientDisconnected, PayloadTooLarge, ProxyError, UpgradeRequired
 
 __all__ = [
     "JSON_CT",
     "Headers",
     "Timing",
     "read_body",
+    "refuse_websocket",
     "run_until_disconnect",
     "send_error",
     "send_whole",
@@ -127,3 +128,23 @@ async def send_whole(send: Send, status: int, headers: Headers, body: bytes) -> 
 
 async def send_error(send: Send, exc: ProxyError, extra: Headers | None = None) -> None:
     await send_whole(send, exc.status, [JSON_CT, *(extra or [])], exc.body())
+
+
+async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer a WebSocket upgrade with a plain 426 envelope before accepting it.
+
+    Codex tries a WebSocket on ``/v1/responses`` first; a 426 makes it use HTTPS at once, while
+    the 403 a server gives a refused handshake makes it retry five times with backoff first.
+    Without the ASGI extension for an HTTP answer the handshake is closed (a 403 on the wire).
+    """
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    exc = UpgradeRequired(f"WebSocket is not supported on {scope.get('path', '')}; use HTTPS")
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008, "reason": exc.message[:120]})
+        return
+    body = exc.body()
+    await send({"type": "websocket.http.response.start", "status": exc.status,
+                "headers": [JSON_CT, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -47,7 +47,7 @@ FOLLOW_UPS = [
     "Make sure mypy is clean.",
     "Last thing: update the changelog entry for this fix.",
 ]
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": name, "description": desc,
                                        "parameters": {"type": "object", "properties": props}}}
     for name, desc, props in [
@@ -187,14 +187,84 @@ class TurnFigures:
     ms: float
 
 
+class Wire(Protocol):
+    """One wire format, as the demo's client speaks it."""
+
+    path: str
+
+    def start(self) -> list[dict[str, Any]]: ...
+
+    def body(self, history: list[dict[str, Any]]) -> dict[str, Any]: ...
+
+    def answer(self, answer: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]: ...
+
+    def output(self, call_id: str, text: str) -> dict[str, Any]: ...
+
+    def user(self, text: str) -> dict[str, Any]: ...
+
+
+class ChatWire:
+    """The client's side of chat completions: a messages list, tool calls answered by id."""
+
+    path = "/v1/chat/completions"
+
+    def start(self) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+
+    def body(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"model": MODEL, "messages": history, "tools": TOOLS}
+
+    def answer(self, answer: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+        msg = answer["choices"][0]["message"]
+        return [msg], [call["id"] for call in msg.get("tool_calls") or []]
+
+    def output(self, call_id: str, text: str) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+    def user(self, text: str) -> dict[str, Any]:
+        return {"role": "user", "content": text}
+
+
+class ResponsesWire:
+    """The client's side of the Responses API as Codex speaks it: a developer item instead of
+    instructions, the output items resent as they came (reasoning with its encrypted content),
+    ``store: false``."""
+
+    path = "/v1/responses"
+    tools: list[dict[str, Any]] = [{"type": "function", **t["function"]} for t in TOOLS]
+
+    def start(self) -> list[dict[str, Any]]:
+        return [{"type": "message", "role": "developer", "content": SYSTEM},
+                {"type": "message", "role": "user", "content": TASK}]
+
+    def body(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"model": MODEL, "input": history, "tools": self.tools, "store": False,
+                "include": ["reasoning.encrypted_content"], "stream": False}
+
+    def answer(self, answer: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+        items = [{k: v for k, v in item.items() if k not in ("id", "status")}
+                 for item in answer["output"]]
+        return items, [i["call_id"] for i in items if i.get("type") == "function_call"]
+
+    def output(self, call_id: str, text: str) -> dict[str, Any]:
+        return {"type": "function_call_output", "call_id": call_id, "output": text}
+
+    def user(self, text: str) -> dict[str, Any]:
+        return {"type": "message", "role": "user", "content": text}
+
+
+WIRES: dict[str, Callable[[], Wire]] = {"chat": ChatWire, "responses": ResponsesWire}
+
+
 async def drive(url: str, model: ScriptedModel, *, session: str = "demo",
                 on_turn: Callable[[TurnFigures], None] | None = None,
-                max_turns: int = 200, follow_ups: list[str] | None = None) -> list[TurnFigures]:
-    """Play the session: the client resends its whole history every request."""
+                max_turns: int = 200, follow_ups: list[str] | None = None,
+                wire: str = "chat") -> list[TurnFigures]:
+    """Play the session in one wire format: the client resends its whole history every request."""
     rnd = random.Random(11)
     steps = model.steps
-    history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                      {"role": "user", "content": TASK}]
+    client = WIRES[wire]()
+    history = client.start()
     figures: list[TurnFigures] = []
     follow = iter(FOLLOW_UPS if follow_ups is None else follow_ups)
     # No API key: the session belongs to the anon tenant, so /files shows it to a plain browser.
@@ -202,9 +272,9 @@ async def drive(url: str, model: ScriptedModel, *, session: str = "demo",
                "content-type": "application/json"}
     async with aiohttp.ClientSession() as http:
         for turn in range(1, max_turns + 1):
-            body = orjson.dumps({"model": MODEL, "messages": history, "tools": TOOLS})
+            body = orjson.dumps(client.body(history))
             t0 = time.perf_counter()
-            async with http.post(url + "/v1/chat/completions", data=body, headers=headers) as r:
+            async with http.post(url + client.path, data=body, headers=headers) as r:
                 answer = orjson.loads(await r.read())
                 h = r.headers
             ms = (time.perf_counter() - t0) * 1000
@@ -215,18 +285,16 @@ async def drive(url: str, model: ScriptedModel, *, session: str = "demo",
             figures.append(fig)
             if on_turn:
                 on_turn(fig)
-            msg = answer["choices"][0]["message"]
-            history.append(msg)
-            calls = msg.get("tool_calls") or []
-            for call in calls:
-                index = int(call["id"].split("_")[1])
-                history.append({"role": "tool", "tool_call_id": call["id"],
-                                "content": steps[index].output(rnd)})
+            items, calls = client.answer(answer)
+            history.extend(items)
+            for call_id in calls:
+                index = int(call_id.split("_")[1])
+                history.append(client.output(call_id, steps[index].output(rnd)))
             if not calls:
                 nxt = next(follow, None)
                 if nxt is None or model.issued >= len(steps):
                     break
-                history.append({"role": "user", "content": nxt})
+                history.append(client.user(nxt))
     return figures
 
 

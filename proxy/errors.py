@@ -7,6 +7,7 @@ those that reach a client become OpenAI's error envelope with the class's status
     │   └── AuthRequired                 also asks a browser to log in
     ├── NotFound (404)
     ├── PayloadTooLarge (413)
+    ├── UpgradeRequired (426)            a WebSocket upgrade: clients fall back to HTTPS
     ├── ClientDisconnected (499)
     ├── UpstreamError (502)
     │   └── UpstreamTimeout (504)
@@ -87,6 +88,14 @@ class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UpgradeRequired(ProxyError):
+    """A WebSocket upgrade the proxy does not take: 426 tells a client (Codex) to use HTTPS."""
+
+    status = 426
+    type = "invalid_request_error"
+    code = "websocket_not_supported"
 
 
 class ClientDisconnected(ProxyError):

@@ -482,6 +482,91 @@ def test_agents_tool_loop_offloads_and_compacts(make_proxy: ProxyFactory, fake: 
     assert calls[-1]["messages"][-1]["tool_call_id"] == f"call_part_{AGENT_TOOL_TURNS - 1}"
 
 
+class ResponsesAgentScript:
+    """The same model in the Responses API, openai-agents' default: it reads the part after the
+    newest ``function_call_output`` in the forwarded input."""
+
+    def __init__(self) -> None:
+        self.summaries = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        if is_summarizer(body):
+            self.summaries += 1
+            return Reply(content=SUMMARY)
+        done = [i for i in body["input"] if i.get("type") == "function_call_output"]
+        part = int(done[-1]["call_id"].rsplit("_", 1)[1]) + 1 if done else 0
+        if part >= AGENT_TOOL_TURNS:
+            return Reply(content=AGENT_FINAL, reasoning="all parts read")
+        return Reply(content=None, reasoning=f"part {part} next", tool_calls=[
+            {"id": f"call_part_{part}", "name": "read_log", "arguments": {"part": part}}])
+
+
+def responses_pairs_problems(items: list[dict[str, Any]]) -> list[str]:
+    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+    outputs = [i["call_id"] for i in items if i.get("type") == "function_call_output"]
+    return [] if calls == outputs else [f"calls {calls} outputs {outputs}"]
+
+
+def test_agents_default_responses_model_offloads_and_compacts(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    """openai-agents' default model speaks /v1/responses: the same offload and compaction as
+    chat mode, with every call still paired with its output and reasoning items untouched."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    script = ResponsesAgentScript()
+    fake.responder = script
+    srv = make_proxy(AGENT_CONFIG)
+    OUTPUTS.clear()
+    headers: list[dict[str, str]] = []
+
+    async def on_response(resp: Any) -> None:
+        headers.append({k: v for k, v in resp.headers.items() if k.startswith("x-ctxproxy-")})
+
+    async def go() -> Any:
+        client = asdk(
+            srv.url + "/v1",
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"response": [on_response]}),
+        )
+        agent = Agent(
+            name="log reader",
+            instructions="You read the service log part by part, then report.",
+            tools=[function_tool(read_log)],
+            model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+        )
+        try:
+            return await Runner.run(agent, "Read all log parts and report.", max_turns=10)
+        finally:
+            await client.close()
+
+    result = asyncio.run(go())
+    assert result.final_output == AGENT_FINAL
+    assert sorted(OUTPUTS) == list(range(AGENT_TOOL_TURNS))
+    calls = [r.json() for r in fake.received if r.path.endswith("/responses")]
+    assert len(calls) == len(headers) == AGENT_TOOL_TURNS + 1
+    assert script.summaries >= 1
+    for i, body in enumerate(calls):
+        items = body["input"]
+        assert responses_pairs_problems(items) == [], i
+        outputs = [o for o in items if o.get("type") == "function_call_output"]
+        assert len(outputs) >= min(i, 1)  # the newest result always goes along
+        for o in outputs:
+            assert NOTICE in o["output"] and len(o["output"].encode()) < 10_000
+            excerpt, _ = split_notice(o["output"])  # type: ignore[misc]
+            assert OUTPUTS[int(o["call_id"].rsplit("_", 1)[1])].startswith(excerpt)
+    summarized = ["Read every log part." in str(b["input"]) for b in calls]
+    assert any(summarized), "no forwarded request carried the summarizer's summary"
+    assert [h["x-ctxproxy-compacted"] == "1" for h in headers] == summarized
+    budget = int(0.75 * AGENT_CONFIG["compaction"]["context_windows"][MODEL])
+    assert all(int(h["x-ctxproxy-tokens-out"]) <= budget for h in headers)
+    assert int(headers[-1]["x-ctxproxy-tokens-in"]) > 10 * budget
+    first = next(b for b, s in zip(calls, summarized, strict=True) if s)
+    assert first["instructions"].startswith("You read the service log")
+    assert first["input"][0]["role"] == "developer"  # the summary leads the kept items
+    assert calls[-1]["input"][-1]["call_id"] == f"call_part_{AGENT_TOOL_TURNS - 1}"
+
+
 # --- 5. known client behaviours ----------------------------------------------------------------
 
 

@@ -170,6 +170,21 @@ def test_subpaths_and_other_methods_pass_through(proxy: ServerThread, fake: Fake
     assert b"x" * 60000 in fake.received[0].body
 
 
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/chat/completions", "/files"])
+def test_a_websocket_upgrade_gets_a_426_envelope(proxy: ServerThread, fake: FakeUpstream,
+                                                 path: str) -> None:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    before = len(fake.received)
+    with pytest.raises(InvalidStatus) as refused:
+        connect(proxy.url.replace("http://", "ws://") + path, open_timeout=10).close()
+    answer = refused.value.response
+    assert answer.status_code == 426
+    assert orjson.loads(answer.body)["error"]["code"] == "websocket_not_supported"
+    assert len(fake.received) == before  # nothing went upstream
+
+
 def test_a_continued_response_is_slimmed_but_not_compacted(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:
@@ -320,6 +335,55 @@ def test_the_read_tool_is_withheld_from_a_stream(proxy: ServerThread, fake: Fake
     assert [o.type for o in final.output] == ["reasoning", "message"]
 
 
+def test_async_sdk_stream_and_not(proxy: ServerThread, fake: FakeUpstream) -> None:
+    fake.script(Reply(content="async whole", reasoning="r1"), Reply(content="async streamed"))
+    items = [dev("Agent."), user("run"), *turn(1, big("a"))]
+
+    async def go() -> tuple[str, list[str]]:
+        client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-async", max_retries=0)
+        try:
+            whole = await client.responses.create(model="gpt-5.1-codex", input=items)  # type: ignore[arg-type]
+            stream = await client.responses.create(model="gpt-5.1-codex", input=items, stream=True)  # type: ignore[arg-type]
+            kinds = [event.type async for event in stream]
+            return whole.output_text, kinds
+        finally:
+            await client.close()
+
+    text, kinds = asyncio.run(go())
+    assert text == "async whole"
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds
+    for sent in fake.received[-2:]:  # both went through the pipeline: the output arrived cut
+        output = next(i for i in sent.json()["input"] if i.get("type") == "function_call_output")
+        assert parse_notice(output["output"]) is not None
+
+
+def test_images_are_counted_by_the_tile_rule() -> None:
+    from proxy.pipeline.tokens import TokenCounter, image_tokens
+
+    from .test_tokens import png_data_url
+
+    counter = TokenCounter()
+
+    def tokens(parts: list[dict[str, Any]]) -> int:
+        parsed = RESPONSES.parse(orjson.dumps(body([
+            {"type": "message", "role": "user", "content": parts}])), 1000)
+        return counter.count_messages(parsed.history, "gpt-4o")
+
+    text = [{"type": "input_text", "text": "look"}]
+    image = {"type": "input_image", "image_url": png_data_url(2048, 4096), "detail": "high"}
+    assert tokens([*text, image]) - tokens(text) == image_tokens(2048, 4096, "high") == 1105
+    low = {**image, "detail": "low"}
+    assert tokens([*text, low]) - tokens(text) == 85
+    # An image in a tool's output counts the same way.
+    out = RESPONSES.parse(orjson.dumps(body([
+        *turn(1, [{"type": "input_text", "text": "shot"}, image], reasoning=False)])), 1000)
+    plain = RESPONSES.parse(orjson.dumps(body([
+        *turn(1, [{"type": "input_text", "text": "shot"}], reasoning=False)])), 1000)
+    assert (counter.count_messages(out.history, "gpt-4o")
+            - counter.count_messages(plain.history, "gpt-4o")) == 1105
+
+
 # --- the archive --------------------------------------------------------------------------------
 
 
@@ -383,7 +447,6 @@ def test_forwarded_items_keep_pairs_and_reasoning_intact(
     from proxy.pipeline.offload import Offloader
     from proxy.pipeline.runner import Pipeline
     from proxy.pipeline.tokens import TokenCounter
-    from proxy.session import Identity
     from proxy.store.chains import chain_hashes
     from proxy.store.tool_results import ToolResultStore
 

@@ -1,0 +1,87 @@
+"""The real Codex CLI, headless, through the proxy to the fake upstream: a multi-turn shell-tool
+session whose outputs are offloaded, aged and compacted, with the WebSocket attempt refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import create_app
+from proxy.compaction.message import SUMMARY_HEADING
+from proxy.pipeline.notice import parse_notice
+from proxy.testing.codex import Recording, ShellScript, codex_binary, run_codex, write_codex_home
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.servers import serve_in_thread
+
+from .conftest import proxy_config
+from .test_compaction import SUMMARY
+
+CODEX = codex_binary()
+pytestmark = pytest.mark.skipif(CODEX is None, reason="Codex CLI not installed (npm ci installs it)")
+
+MODEL = "gpt-5.1-codex"
+WINDOW = 24_000
+CONFIG: dict[str, Any] = {
+    "compaction": {"context_windows": {MODEL: WINDOW}},
+    "offload": {"recent_max_bytes": 8000, "old_max_bytes": 1500},
+}
+COMMANDS = ["seq 1 40000", "seq 100000 140000", "yes codex-line | head -n 30000",
+            "seq 200000 230000", "seq 300000 330000", "echo done"]
+
+
+def pairs_problems(items: list[dict[str, Any]]) -> list[str]:
+    calls = [i["call_id"] for i in items if i.get("type") in ("function_call", "custom_tool_call")]
+    outputs = [i["call_id"] for i in items
+               if i.get("type") in ("function_call_output", "custom_tool_call_output")]
+    return [] if calls == outputs else [f"calls {calls} != outputs {outputs}"]
+
+
+def test_codex_session_is_offloaded_aged_and_compacted(
+    fake: FakeUpstream, fake_url: str, tmp_path: Path
+) -> None:
+    assert CODEX is not None
+    script = ShellScript(COMMANDS, SUMMARY)
+    fake.responder = script
+    app = Recording(create_app(proxy_config(fake_url, tmp_path / "data", CONFIG)))
+    with serve_in_thread(app, lifespan="on") as srv:
+        write_codex_home(tmp_path / "home", srv.url, MODEL)
+        done = run_codex(CODEX, tmp_path / "home", tmp_path / "work", "run the steps")
+        srv.drain()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert script.final in done.stdout
+
+    # The WebSocket attempt got a 426 and Codex went to HTTPS at once: no reconnect rounds.
+    assert app.websocket_attempts == 1
+    assert "Reconnecting" not in done.stderr
+
+    forwarded = [r.json() for r in fake.received if r.path.endswith("/responses")]
+    assert len(app.turns) == len(forwarded) == len(COMMANDS) + 1
+    assert script.summaries >= 1
+    budget = int(0.75 * WINDOW)
+    for turn, sent in zip(app.turns, forwarded, strict=True):
+        assert pairs_problems(sent["input"]) == []
+        # Reasoning items travel as Codex sent them (encrypted content untouched) or not at all.
+        sent_reasoning = [i for i in sent["input"] if i.get("type") == "reasoning"]
+        client_reasoning = [i for i in turn.body["input"] if i.get("type") == "reasoning"]
+        assert all(r in client_reasoning for r in sent_reasoning)
+        assert all(r.get("encrypted_content") for r in sent_reasoning)
+        # Codex's own fields travel unchanged; its tools lead, the read tool may follow.
+        assert {k: v for k, v in sent.items() if k not in ("input", "tools")} == \
+            {k: v for k, v in turn.body.items() if k not in ("input", "tools")}
+        assert sent["tools"][:len(turn.body["tools"])] == turn.body["tools"]
+        assert [t.get("name") for t in sent["tools"][len(turn.body["tools"]):]] in \
+            ([], ["read_offloaded"])
+        assert turn.tokens()[1] <= budget
+    offloaded = [sum(1 for i in s["input"] if i.get("type") == "function_call_output"
+                     and isinstance(i["output"], str) and parse_notice(i["output"]))
+                 for s in forwarded]
+    assert max(offloaded) >= 1, "no output was cut"
+    summarized = [any(i.get("role") == "developer" and SUMMARY_HEADING in str(i.get("content"))
+                      for i in s["input"]) for s in forwarded]
+    assert any(summarized), "no forwarded request carried a summary"
+    assert [t.headers["x-ctxproxy-compacted"] == "1" for t in app.turns] == summarized
+    tokens_in, tokens_out = app.turns[-1].tokens()
+    assert tokens_in > WINDOW > tokens_out  # the history outgrew the window; the request did not
+    assert forwarded[-1]["input"][-1]["call_id"] == f"call_step_{len(COMMANDS) - 1}"
