@@ -1,6 +1,6 @@
 """Reference point for bench/overhead.py: the barest aiohttp server + client pass-through.
 
-    python bench/bare_passthrough.py UPSTREAM_CHAT_URL PORT
+    python bench/bare_passthrough.py UPSTREAM_URL PORT
 
 No parsing, no headers beyond content-type, no streaming: the ceiling any Python proxy on
 this machine can reach, so ctxproxy's ratio can be read against it.
@@ -39,7 +39,7 @@ def build(upstream: str) -> web.Application:
 
     app.on_startup.append(startup)
     app.on_cleanup.append(cleanup)
-    app.router.add_post("/v1/chat/completions", handler)
+    app.router.add_post("/{path:.*}", handler)  # every wire format goes to the one upstream URL
     return app
 
 

@@ -1,10 +1,11 @@
 """Proxy overhead: small requests direct to the fake upstream vs through ctxproxy, interleaved.
 
-    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32]
+    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32] [--format chat]
 
 Starts the fake upstream and ctxproxy as separate processes on loopback and drives both with
 wrk (Debian package `wrk`), alternating direct and proxied runs so machine noise hits both alike.
-Prints req/s, p50 and p99 per mode and the through-proxy / direct ratio.
+Prints req/s, p50 and p99 per mode and the through-proxy / direct ratio. ``--format`` picks the
+wire format of the small requests: chat completions or the Responses API.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ from proxy.testing.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}
+# For each wire format: its path, a small request, and what makes it a stream with usage.
+FORMATS: dict[str, tuple[str, dict[str, object], dict[str, object]]] = {
+    "chat": ("/v1/chat/completions", BODY,
+             {"stream": True, "stream_options": {"include_usage": True}}),
+    "responses": ("/v1/responses", {"model": "gpt-4o-mini", "store": False, "input": [
+        {"type": "message", "role": "user", "content": "Say hi."}]}, {"stream": True}),
+}
 LUA = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -81,17 +89,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--connections", type=int, default=32, help="for throughput")
+    ap.add_argument("--format", choices=sorted(FORMATS), default="chat", help="the wire format")
     ap.add_argument("--latency-connections", type=int, default=1, help="for unsaturated latency")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
 
+    path, body, streaming = FORMATS[args.format]
     tmp = Path(tempfile.mkdtemp(prefix="ctxbench-"))
     fake_port, proxy_port = free_port(), free_port()
     bare_port = free_port()
     fake = start([sys.executable, "-m", "proxy.testing.fake_upstream", "--port", str(fake_port)])
     bare = start([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"),
-                  f"http://127.0.0.1:{fake_port}/v1/chat/completions", str(bare_port)])
+                  f"http://127.0.0.1:{fake_port}{path}", str(bare_port)])
     cfg = tmp / "config.yaml"
     cfg.write_text(
         f"upstream: {{base_url: 'http://127.0.0.1:{fake_port}/v1'}}\n"
@@ -108,15 +118,14 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{proxy_port}/healthz")
         wait_http(f"http://127.0.0.1:{bare_port}/")
         scripts = {}
-        for name, body in (("small", BODY), ("stream", {**BODY, "stream": True,
-                                                         "stream_options": {"include_usage": True}})):
-            path = tmp / f"{name}.lua"
-            path.write_text(LUA % orjson.dumps(body).decode())
-            scripts[name] = path
+        for name, sent in (("small", body), ("stream", {**body, **streaming})):
+            lua = tmp / f"{name}.lua"
+            lua.write_text(LUA % orjson.dumps(sent).decode())
+            scripts[name] = lua
         targets = {
-            "direct": f"http://127.0.0.1:{fake_port}/v1/chat/completions",
-            "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
-            "proxy": f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+            "direct": f"http://127.0.0.1:{fake_port}{path}",
+            "bare": f"http://127.0.0.1:{bare_port}{path}",
+            "proxy": f"http://127.0.0.1:{proxy_port}{path}",
         }
         tput: dict[tuple[str, str], list[dict[str, float]]] = {}
         lat: dict[tuple[str, str], list[dict[str, float]]] = {}
@@ -132,7 +141,7 @@ def main() -> None:
                     lat.setdefault((kind, mode), []).append(
                         wrk(target, script, args.duration, args.latency_connections)
                     )
-        print(f"# {args.rounds} rounds x {args.duration}s each, interleaved; wrk 1 thread; "
+        print(f"# {args.format} ({path}): {args.rounds} rounds x {args.duration}s each, interleaved; wrk 1 thread; "
               f"{os.cpu_count()} cores shared by wrk, proxy and upstream")
         print(f"# throughput at {args.connections} connections; latency at "
               f"{args.latency_connections} connection(s); medians over rounds")

@@ -87,6 +87,8 @@ def summary_of(body: dict[str, Any]) -> str | None:
     second = conversation(body)[1:2]
     if second and second[0].get("role") in ("system", "developer"):
         content = second[0].get("content")
+        if isinstance(content, list):  # Responses content parts
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         return content if isinstance(content, str) and SUMMARY_HEADING in content else None
     return None
 
