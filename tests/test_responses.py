@@ -402,6 +402,12 @@ def test_input_items_and_output_items_are_archived(
     records = [r["message"] for r in read(dialog)]
     assert records[: len(items)] == items  # as sent, the full output included
     assert [r["type"] for r in records[len(items):]] == ["reasoning", "message"]
+    # /files shows the items as the turns they are: the call, its output, the reasoning.
+    tenant, session = dialog.parent.parent.parent.name, dialog.parent.parent.name
+    page = httpx.get(f"{srv.url}/files/{tenant}/{session}/dialog/{dialog.name}",
+                     headers={"authorization": "Bearer sk-arch"}).text
+    assert "calls <code><b>exec_command</b></code>" in page and "result of <code>call_1</code>" in page
+    assert "z line 1: " in page and "[encrypted reasoning]" in page
 
 
 # --- property: what the pipeline may and may not do to items -----------------------------------

@@ -335,6 +335,29 @@ def _calls(message: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     return found
 
 
+def _as_chat(item: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A Responses input or output item shown as the chat message it stands for: calls with
+    their name and arguments, outputs as tool results, reasoning by its summary."""
+    kind = item.get("type")
+    if not isinstance(kind, str) or kind == "message" or "role" in item:
+        return item
+    if "call_id" in item and kind.endswith("_output"):
+        output = item.get("output", item.get("result"))
+        return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
+    if "call_id" in item:
+        args = item.get("arguments", item.get("input", item.get("action")))
+        fn = {"name": item.get("name") or kind, "arguments": args}
+        return {"role": "assistant", "tool_calls": [{"id": item["call_id"], "function": fn}]}
+    if kind == "reasoning":
+        summary = item.get("summary")
+        parts = summary if isinstance(summary, list) else []
+        if item.get("encrypted_content"):
+            parts = [*parts, {"type": "encrypted reasoning"}]
+        return {"role": "reasoning", "content": parts}
+    return {"role": kind, "content": orjson.dumps({k: v for k, v in item.items() if k != "type"},
+                                                  option=orjson.OPT_INDENT_2).decode()}
+
+
 def _record_html(record: Mapping[str, Any], url: str, previous: object) -> str:
     line = record["line"]
     raw_url = _href(url, raw=1, start_line=line, lines=1)
@@ -342,7 +365,7 @@ def _record_html(record: Mapping[str, Any], url: str, previous: object) -> str:
         return (f'<div class="card msg" id="L{line}"><span class="meta">line {line}: '
                 "unreadable (torn by a crash?)</span></div>")
     message = record.get("message")
-    message = message if isinstance(message, dict) else {"content": message}
+    message = _as_chat(message) if isinstance(message, dict) else {"content": message}
     role = str(record.get("role") or message.get("role") or "?")
     meta = [f"pos {esc(record.get('pos'))}", f'<a href="#L{line}">line {line}</a>',
             _when(record.get("ts"))]
