@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -216,3 +217,10 @@ def db(data_dir: Path) -> Iterator[Database]:
     database = Database.in_dir(data_dir)
     yield database
     database.close()
+
+
+def examples(thorough: int) -> int:
+    """Hypothesis examples for a property: a third by default, so the default suite stays fast
+    (CI runs it on every push, with new random examples each time); all of them with
+    ``CTXPROXY_THOROUGH=1``."""
+    return thorough if os.environ.get("CTXPROXY_THOROUGH") else max(20, thorough // 3)

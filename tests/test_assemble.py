@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from proxy.upstream.assemble import StreamAssembler, message_from_completion
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+from .conftest import examples
+
+FAST = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # --- hand-written streams, byte for byte as api.openai.com sends them ----------------------
 

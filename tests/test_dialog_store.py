@@ -36,6 +36,8 @@ from proxy.store.paths import (
     tool_result_file,
 )
 
+from .conftest import examples
+
 T, S = "t-0123456789abcdef", "sess-1"
 NOW = datetime(2026, 12, 2, 10, 15, 30, tzinfo=UTC)
 
@@ -100,7 +102,7 @@ messages_st = st.lists(
 )
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(messages_st, st.integers(0, 12))
 def test_chain_hashes_prefix_stable(messages: list[dict[str, Any]], k: int) -> None:
     chains = chain_hashes(messages)
@@ -113,7 +115,7 @@ def test_chain_hashes_prefix_stable(messages: list[dict[str, Any]], k: int) -> N
         parent = c
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(messages_st)
 def test_digest_cache_never_changes_results(messages: list[dict[str, Any]]) -> None:
     plain = chain_hashes(messages)

@@ -30,6 +30,8 @@ from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.fake_wire import reasoning_of_token, reasoning_token
 from proxy.testing.servers import ServerThread, serve_in_thread
 
+from .conftest import examples
+
 INPUT = "hi"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 ENCRYPTED: list[Any] = ["reasoning.encrypted_content"]
@@ -769,7 +771,7 @@ def test_delay_and_client_timeout_anthropic(url: str, fake: FakeUpstream) -> Non
 # --- rendering, for any text --------------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     content=st.text(max_size=40),
     reasoning=st.none() | st.text(max_size=40),

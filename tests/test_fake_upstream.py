@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 from proxy.testing.fake_upstream import FakeUpstream, Reply, error_body
 from proxy.testing.servers import ServerThread, serve_async, serve_in_thread
 
+from .conftest import examples
+
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 TOOLS_REPLY = Reply(
     content=None,
@@ -424,7 +426,7 @@ def test_error_body_envelope() -> None:
 
 
 @settings(
-    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(content=st.text(max_size=60), pieces=st.integers(1, 10))
 def test_stream_reassembles_any_text(

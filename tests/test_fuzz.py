@@ -47,7 +47,7 @@ from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.inprocess import InProcess
 from proxy.testing.servers import ServerThread, serve_in_thread
 
-from .conftest import ENVELOPE_KEYS, InProcessFactory, proxy_config
+from .conftest import ENVELOPE_KEYS, InProcessFactory, examples, proxy_config
 
 # --- JSON values (hypothesis, in process) -------------------------------------------------------
 
@@ -81,7 +81,7 @@ def test_generated_requests_never_get_a_proxy_5xx(fake_url: str, tmp_path: Path)
     with asyncio.Runner() as runner:
         app = runner.run(InProcess(create_app(proxy_config(fake_url, tmp_path / "data"))).start())
 
-        @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(_body)
         def one(body: dict[str, object]) -> None:
             r = runner.run(app.client.post(

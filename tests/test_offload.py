@@ -34,7 +34,7 @@ from proxy.store.tool_results import OffloadedFileMissing, ToolResultStore
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.inprocess import InProcess
 
-from .conftest import InProcessFactory
+from .conftest import InProcessFactory, examples
 
 ID = Identity("t-tenant", "sess-1", None)
 
@@ -353,7 +353,7 @@ def test_gc_cli(tmp_path: Path) -> None:
     assert files(tmp_path) == []
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     text=st.lists(st.sampled_from(["a", "é", "中", "😀", "\n", "\r\n", " ", "line\n"]), max_size=2500).map("".join),
     budget=st.integers(min_value=256, max_value=2000),

@@ -24,7 +24,7 @@ from proxy.store.dialog import read
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread
 
-from .conftest import ProxyFactory
+from .conftest import ProxyFactory, examples
 
 RESPONSES_PATH = "/v1/responses"
 SUMMARY = """## Goal
@@ -437,7 +437,7 @@ def histories(draw: st.DrawFn) -> list[dict[str, Any]]:
     return items
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
 @given(histories(), st.integers(3000, 40000))
 def test_forwarded_items_keep_pairs_and_reasoning_intact(
     tmp_path_factory: pytest.TempPathFactory, items: list[dict[str, Any]], window: int

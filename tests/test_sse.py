@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from proxy.retrieval.loop import _events
 from proxy.upstream.sse import DEFAULT_MAX_EVENT_BYTES, Event, SSEDecoder
 
+from .conftest import examples
+
 
 def decode(*chunks: bytes, **kw: Any) -> list[Event]:
     d = SSEDecoder(**kw)
@@ -276,7 +278,7 @@ def test_wrong_chunk_type_raises_and_leaves_the_decoder_usable() -> None:
 # --- properties -------------------------------------------------------------------------------
 
 PROPERTY = settings(
-    max_examples=120,
+    max_examples=examples(120),
     # No time limit per example: the suite runs on small shared machines, where a deadline
     # would measure the neighbours rather than the decoder.
     deadline=None,

@@ -41,7 +41,9 @@ from proxy.compaction.summarizer import (
     user_requests,
 )
 
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+from .conftest import examples
+
+FAST = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 GOOD = """## Goal
 Fix the failing build of `/srv/app`.

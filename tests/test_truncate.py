@@ -22,7 +22,9 @@ from proxy.pipeline.truncate import (
     utf8_len,
 )
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+from .conftest import examples
+
+FAST = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOOL = "read_file"
 PATH = "/data/tool_result/0f3c.txt"
 
@@ -203,7 +205,7 @@ def notices(draw: st.DrawFn) -> Notice:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(notices(), st.sampled_from(["", "abc", "abc\n", "x\n\n", "中"]))
 def test_notice_roundtrip(notice: Notice, prefix: str) -> None:
     from proxy.pipeline.notice import attach

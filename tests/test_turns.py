@@ -12,8 +12,10 @@ from proxy.pipeline.turns import Split, leading_system_count, split, units
 from proxy.pipeline.validate import is_valid
 from tests.test_validate import asst, calls, conversations, damaged, fcall, fres, res, user
 
+from .conftest import examples
+
 Message = dict[str, Any]
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SUMMARY: Message = {"role": "system", "content": "# Summary of previous conversation"}
 
 

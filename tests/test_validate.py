@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from proxy.pipeline.validate import PLACEHOLDER, Validation, is_valid, validate
 
+from .conftest import examples
+
 Message = dict[str, Any]
-FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 RESULT_ROLES = ("tool", "function")
 
