@@ -111,13 +111,14 @@ class Memory:
         writes = request.writes
         if writes is not None and writes.mode is Mode.HELD:
             return None
-        self._maybe_fold(request)
         ident = request.identity
         key = (ident.tenant, ident.memory_scope, ident.session, epoch)
         version = self._pins.get(key)
         if version is None:
             version = await asyncio.to_thread(self.store.pin, *key)
             self._pins.put(key, version)
+        # After pinning: a fold this request starts is for the sessions (and epochs) to come.
+        self._maybe_fold(request)
         if version == 0:
             return None
         text = await self._text(ident.tenant, ident.memory_scope, version)
