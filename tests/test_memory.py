@@ -107,6 +107,8 @@ class Script:
         fake.responder = self
 
     def __call__(self, body: dict[str, Any]) -> Reply:
+        if "messages" not in body:  # a Responses request: the model
+            return Reply(content="ok")
         if is_fold(body):
             self.folds += 1
             return self.fold or Reply(content=fold_answer(body))
@@ -256,6 +258,28 @@ def test_fold_at_most_daily_and_previous_version_kept(
     assert "always use tabs" in model_calls(fake)[-1][1]["content"]
 
 
+def test_responses_request_carries_memory_as_a_developer_item(
+    make_proxy: ProxyFactory, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """Format-neutral: the pipeline inserts a system message, the Responses writer makes it a
+    developer item after the instructions (which stay in their field)."""
+    Script(fake)
+    srv = make_proxy(ON)
+    chat(srv, session_one(), "s1")
+    srv.drain()
+    body = {"model": "gpt-4o", "instructions": SYSTEM,
+            "input": [{"type": "message", "role": "user", "content": "hello"}]}
+    r = httpx.post(srv.url + "/v1/responses", content=orjson.dumps(body), timeout=30,
+                   headers={"authorization": f"Bearer {KEY}", "x-session-id": "r1"})
+    assert r.status_code == 200, r.text
+    sent = next(x.json() for x in reversed(fake.received) if x.path.endswith("/responses"))
+    assert sent["instructions"] == SYSTEM
+    first, rest = sent["input"][0], sent["input"][1:]
+    assert first["role"] == "developer" and PREF_1 in first["content"][0]["text"]
+    assert first["content"][0]["text"].startswith("# Long-term memory")
+    assert rest == body["input"]
+
+
 # --- bad cases -----------------------------------------------------------------------------------
 
 
@@ -339,6 +363,16 @@ def test_tenants_and_scopes_never_see_each_others_memory(
     own = httpx.get(f"{srv.url}/files/{ta}/memory/default", headers={
         "authorization": f"Bearer {KEY_A}", "accept": "application/json"})
     assert own.status_code == 200 and marks[KEY_A] in own.text
+    page = httpx.get(f"{srv.url}/files/{ta}/memory/default", headers={
+        "authorization": f"Bearer {KEY_A}", "accept": "text/html"})
+    assert page.status_code == 200 and "MEMORY-v0001.md" in page.text
+    assert "&quot;ALPHA-PREF-7d1e&quot;" in page.text  # escaped, as every value
+    version = httpx.get(f"{srv.url}/files/{ta}/memory/default/versions/MEMORY-v0001.md",
+                        headers={"authorization": f"Bearer {KEY_A}"})
+    day = own.json()["days"][0]["url"]
+    note = httpx.get(srv.url + day, headers={"authorization": f"Bearer {KEY_A}"})
+    assert marks[KEY_A] in version.text and marks[KEY_A] in note.text
+    assert version.headers["content-type"].startswith("text/plain")
     theirs = httpx.get(f"{srv.url}/files/{tb}/memory/default", headers={
         "authorization": f"Bearer {KEY_A}", "accept": "application/json"})
     ghost = httpx.get(f"{srv.url}/files/{ta}/memory/no-such-scope", headers={
