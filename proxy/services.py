@@ -52,7 +52,7 @@ from .store.chains import DigestCache
 from .store.db import Database, SessionRow
 from .store.dialog import DialogArchive
 from .store.gc import collect
-from .store.interfaces import SessionIndex, Summaries
+from .store.interfaces import MemoryStore, SessionIndex, Summaries
 from .store.memory import MemoryFiles
 from .store.sessions import SessionCounters
 from .store.summaries import SummaryRecord, SummaryStore
@@ -307,7 +307,7 @@ def _live_metrics(
 
 
 def _memory(
-    config: Config, store: MemoryFiles, upstream: Upstream, router: LitellmRouter,
+    config: Config, store: MemoryStore, upstream: Upstream, router: LitellmRouter,
     background: Background, read_tool: str | None,
 ) -> Memory | NullMemory:
     """Long-term memory: on only with compaction (its facts come from the summarizer call);
