@@ -152,8 +152,9 @@ async def summarize(
         body = clean_answer(answer)
         problems = summary_problems(body)
         if not problems:
-            summary, found = split_facts(normalize_summary(body)) if facts else (
-                normalize_summary(body), None)
+            summary, found = normalize_summary(body), None
+            if facts:
+                summary, found = split_facts(summary)
             text = compose_summary(summary, block)
             return SummaryOutcome(text, "model", attempts, None, found)
         error = f"invalid summary after {attempt} attempt{'s' if attempt > 1 else ''}: " + (
