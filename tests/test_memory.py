@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from proxy.compaction.facts import split_facts, stamp_facts
 from proxy.config import config_from_mapping
+from proxy.formats.chat import CHAT
 from proxy.memory.fold import cap, clean_fold, fold_prompt
 from proxy.memory.inject import inject, is_memory_message, memory_message
 from proxy.pipeline.turns import leading_system_count
@@ -510,10 +511,17 @@ def test_injection_is_deterministic(history: list[dict[str, Any]], memory: str,
                                     tool: str | None) -> None:
     """Same memory version and same history: the same bytes, whoever builds them."""
     head = leading_system_count(history)
-    copy = orjson.loads(orjson.dumps(history))
+    raw = orjson.dumps({"model": "m", "messages": history})
+
+    def forwarded() -> bytes:  # parse the client's bytes, inject, write the forwarded body
+        parsed = CHAT.parse(raw, 1000)
+        note = memory_message(memory, tool_name=tool)
+        return CHAT.write(raw, parsed, inject(parsed.history, note,
+                                              leading_system_count(parsed.history)))
+
+    assert forwarded() == forwarded()
     a = inject(history, memory_message(memory, tool_name=tool), head)
-    b = inject(copy, memory_message(str(memory), tool_name=tool), leading_system_count(copy))
-    assert orjson.dumps(a) == orjson.dumps(b)
+    assert orjson.loads(forwarded())["messages"] == a
     assert a[:head] == history[:head] and a[head + 1 :] == history[head:]
     assert is_memory_message(a[head]) and memory.strip() in a[head]["content"]
 
