@@ -17,12 +17,18 @@ summarizer. The client resends its whole history every turn, as agents do, in th
   later one. Every change of that prefix discards the provider's prompt cache;
 - the proxy's event loop: callbacks that held it 10 ms or more (asyncio debug mode on the
   proxy's loop only; ``--no-loop-debug`` turns it off for figures without debug overhead).
+
+``--memory`` turns long-term memory on: a warm-up session (the same script, another session id)
+is compacted first, its durable facts (the scripted summarizer quotes the user's constraints)
+are folded into MEMORY.md, and the measured session then starts with it. Also reported: memory
+bytes each forwarded request carries, summarizer calls per compaction, fold calls.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import re
 import statistics
@@ -35,7 +41,8 @@ from proxy.app import create_app
 from proxy.compaction.message import SUMMARY_HEADING
 from proxy.config import config_from_mapping
 from proxy.demo import MODEL, WIRES, ScriptedModel, TurnFigures, drive, script
-from proxy.testing.fake_upstream import FakeUpstream
+from proxy.memory.inject import is_memory_message
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import serve_in_thread
 from proxy.testing.slow_callbacks import SlowCallbacks
 
@@ -75,6 +82,50 @@ def conversation(body: dict[str, Any]) -> list[dict[str, Any]]:
     return body["messages"] if "messages" in body else body["input"]
 
 
+FOLD_PROMPT = "You maintain MEMORY.md"
+
+
+class Remembering:
+    """The scripted model, plus long-term memory: summaries asked for durable facts carry the
+    user's constraints found in the transcript (quoted) and a lesson; folds are answered from
+    the notes they are sent. ``model`` is swapped between the warm-up and measured sessions."""
+
+    def __init__(self, model: ScriptedModel) -> None:
+        self.model = model
+        self.folds = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        msgs = body.get("messages") or []
+        first = msgs[0].get("content") if msgs else ""
+        if isinstance(first, str) and first.startswith(FOLD_PROMPT):
+            self.folds += 1
+            notes = msgs[-1]["content"].split("<notes>", 1)[1].split("</notes>", 1)[0]
+            bullets = sorted({line for line in notes.split("\n") if line.startswith("- [")})
+            prefs = [b for b in bullets if "Preference:" in b]
+            lessons = [b for b in bullets if "Lesson:" in b]
+            text = ("## Preferences & Standing Instructions\n" + "\n".join(prefs)
+                    + "\n## Lessons\n" + "\n".join(lessons) + "\n")
+            return Reply(content=text)
+        reply = self.model(body)
+        if isinstance(first, str) and "## Durable Facts" in first:
+            seen = " ".join(str(m.get("content") or "") for m in msgs[1:])
+            facts = [f'- Preference: "{c}"' for c in CONSTRAINTS if c in seen]
+            facts.append("- Lesson: `round()` broke test_rounding with AssertionError; fixed by "
+                         "`Decimal.quantize`")
+            reply = dataclasses.replace(
+                reply, content=f"{reply.content}## Durable Facts\n" + "\n".join(facts) + "\n")
+        return reply
+
+
+def is_internal(body: dict[str, Any]) -> bool:
+    """A summarizer or fold call (not the agent's)."""
+    first = conversation(body)[0].get("content")
+    return isinstance(first, str) and (first.startswith(FOLD_PROMPT) or (
+        "summar" in first.lower() and not first.startswith("You are a coding")))
+
+
+
+
 def canonical_units(body: dict[str, Any]) -> list[bytes]:
     opt = orjson.OPT_SORT_KEYS
     return [orjson.dumps(body.get("tools"), option=opt)] + [
@@ -83,13 +134,16 @@ def canonical_units(body: dict[str, Any]) -> list[bytes]:
 
 
 def summary_of(body: dict[str, Any]) -> str | None:
-    """The summary a forwarded request carries (the proxy puts it second), if any."""
-    second = conversation(body)[1:2]
-    if second and second[0].get("role") in ("system", "developer"):
-        content = second[0].get("content")
+    """The summary a forwarded request carries (after the system prompt, and the memory when
+    it is on), if any."""
+    for item in conversation(body)[1:3]:
+        if item.get("role") not in ("system", "developer"):
+            continue
+        content = item.get("content")
         if isinstance(content, list):  # Responses content parts
             content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        return content if isinstance(content, str) and SUMMARY_HEADING in content else None
+        if isinstance(content, str) and content.startswith(SUMMARY_HEADING):
+            return content
     return None
 
 
@@ -119,13 +173,21 @@ def main() -> None:
     ap.add_argument("--format", choices=sorted(WIRES), default="chat",
                     help="the client's wire format")
     ap.add_argument("--explain", action="store_true", help="print why each prefix break happened")
+    ap.add_argument("--memory", action="store_true",
+                    help="long-term memory on, with a warm-up session folded into MEMORY.md first")
     ap.add_argument("--no-loop-debug", dest="loop_debug", action="store_false",
                     help="do not run the proxy's event loop in debug mode (no slow-callback count)")
     args = ap.parse_args()
+    if args.memory and args.format != "chat":
+        ap.error("--memory measures the chat format only")
 
-    model = ScriptedModel(script(steps_n=args.steps), summary_delay_s=args.summary_delay,
-                          model_delay_s=args.model_delay, text_every=4)
-    fake = FakeUpstream(responder=model, models=(MODEL,))
+    def scripted() -> ScriptedModel:
+        return ScriptedModel(script(steps_n=args.steps), summary_delay_s=args.summary_delay,
+                             model_delay_s=args.model_delay, text_every=4)
+
+    model = scripted()
+    remembering = Remembering(model)
+    fake = FakeUpstream(responder=remembering, models=(MODEL,))
     times = PipelineTimes()
     access = logging.getLogger("proxy.access")
     access.addHandler(times)
@@ -137,6 +199,7 @@ def main() -> None:
             "compaction": {"context_windows": {MODEL: args.window},
                            **({} if args.keep_recent is None
                               else {"keep_recent_ratio": args.keep_recent})},
+            "memory": {"enabled": args.memory},
         })
         threshold = int(config.compaction.threshold_ratio * args.window)
         # Only the proxy's loop (its server thread) is watched: not the fake upstream's, which
@@ -144,13 +207,21 @@ def main() -> None:
         watch = SlowCallbacks(threshold_s=0.010, log_slow=False) if args.loop_debug else None
         with serve_in_thread(create_app(config), lifespan="on",
                              loop_setup=watch.install if watch else None) as proxy:
+            warm_calls = 0
+            if args.memory:
+                asyncio.run(drive(proxy.url, model, session="warm-up", follow_ups=CONSTRAINTS,
+                                  max_turns=500))
+                proxy.drain()  # the fold, started by the warm-up's requests
+                warm_calls = model.summaries
+                model = remembering.model = scripted()
+            start = len(fake.received)
             figures: list[TurnFigures] = asyncio.run(
                 drive(proxy.url, model, follow_ups=CONSTRAINTS, max_turns=500, wire=args.format)
             )
-    forwarded = [r.json() for r in fake.received if r.path.endswith(WIRES[args.format]().path)]
-    forwarded = [b for b in forwarded if not (isinstance(conversation(b)[0].get("content"), str)
-                                             and "summar" in conversation(b)[0]["content"].lower()
-                                             and not conversation(b)[0]["content"].startswith("You are a coding"))]
+            proxy.drain()
+    received = fake.received[start:]
+    forwarded = [r.json() for r in received if r.path.endswith(WIRES[args.format]().path)]
+    forwarded = [b for b in forwarded if not is_internal(b)]
     units = [canonical_units(b) for b in forwarded]
     stab = [stability(a, b) for a, b in zip(units, units[1:], strict=False)]
     summaries = [summary_of(b) for b in forwarded]
@@ -183,6 +254,14 @@ def main() -> None:
               f"p50 {statistics.median(normal):.0f} ms -> worst {ratio:.2f}x (target <= 1.2x)")
     print(f"prefix stability            mean {statistics.mean(stab):.3f}  min {min(stab):.3f}  "
           f"pairs below 0.5: {sum(1 for s in stab if s < 0.5)} of {len(stab)} (target mean >= 0.95)")
+    if args.memory:
+        sizes = [len(m["content"].encode()) for b in forwarded for m in b["messages"][1:2]
+                 if is_memory_message(m)]
+        print(f"memory                      {len(sizes)} of {len(forwarded)} requests carry it, "
+              f"{statistics.mean(sizes) if sizes else 0:,.0f} bytes each; warm-up: "
+              f"{warm_calls} summarizer calls; fold calls {remembering.folds} (at most one per "
+              f"scope and day); summarizer calls beyond compactions and preparations: "
+              f"{model.summaries - events - max(unused, 0)} (target 0)")
     if watch is not None:
         watch.uninstall()
         print(watch.summary())

@@ -8,6 +8,7 @@
       archive                  the dialog archive service: request before forwarding, answer after
       summaries, sessions      summary records and per-session counters (for /files)
       compactor                finds, obtains, prepares and keeps summaries
+      memory                   long-term memory: facts, folds, the version a request carries
       pipeline                 the pure stages and their effects, per request
       readers                  the proxy's read tool and its loop, per wire format
       writes, usage            what a request may write; disk used per tenant
@@ -37,6 +38,7 @@ from .compaction.compactor import Compactor, NullCompactor
 from .compaction.planner import Planner
 from .compaction.windows import ContextWindows
 from .config import Config
+from .memory.service import Memory, NullMemory
 from .metrics import Metrics
 from .pipeline.count import RequestCounter
 from .pipeline.model import Stage
@@ -50,7 +52,8 @@ from .store.chains import DigestCache
 from .store.db import Database, SessionRow
 from .store.dialog import DialogArchive
 from .store.gc import collect
-from .store.interfaces import SessionIndex, Summaries
+from .store.interfaces import MemoryStore, SessionIndex, Summaries
+from .store.memory import MemoryFiles
 from .store.sessions import SessionCounters
 from .store.summaries import SummaryRecord, SummaryStore
 from .store.tool_results import ToolResultStore
@@ -112,6 +115,7 @@ class Services:
     summaries: Summaries
     sessions: SessionIndex
     compactor: Compactor | NullCompactor
+    memory: Memory | NullMemory
     pipeline: Pipeline
     readers: Mapping[str, ReadLoop]  # by format name; none when the read tool is off
     writes: WritePolicy
@@ -145,6 +149,7 @@ class Services:
             # The in-memory shortcuts may point at what is gone now.
             self.archive.forget()
             self.compactor.forget()
+            self.memory.forget()
 
     async def close(self) -> None:
         await self.gc.stop()
@@ -237,6 +242,8 @@ async def open_services(
         upstream, router, model=config.compaction.model,
         timeout_s=config.compaction.summarizer_timeout_s,
     )
+    read_tool = config.retrieval.tool_name if config.retrieval.mode == "proxy" else None
+    memory: Memory | NullMemory = NullMemory()
     if db is not None:
         counters = SessionCounters(db)
         counters.start()
@@ -244,10 +251,12 @@ async def open_services(
         archive = Archive(dialog, counters, background, metrics)
         store = SummaryStore(db, storage.data_dir)
         summaries, sessions = store, db
+        memory = _memory(config, MemoryFiles(db, storage.data_dir), upstream, router,
+                         background, read_tool)
         if config.compaction.enabled:
             compactor = Compactor(config.compaction, summaries=store, archive=dialog,
-                                  client=summarizer, windows=windows)
-    read_tool = config.retrieval.tool_name if config.retrieval.mode == "proxy" else None
+                                  client=summarizer, windows=windows,
+                                  facts=memory if isinstance(memory, Memory) else None)
     pipeline = Pipeline(
         offloader=Offloader(config.offload, config.retrieval, storage.data_dir,
                             files_url=files_url(config), cache_bytes=cache * 2 // 5),
@@ -258,14 +267,16 @@ async def open_services(
         timed_ageing=compactor.enabled and config.offload.age_policy == "batched",
         old_max_bytes=config.offload.old_max_bytes,
         stages=stages,
+        memory=memory,
     )
     readers: dict[str, ReadLoop] = {}
     if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
-        tool = ReadTool(config, originals)
+        tool = ReadTool(config, originals, memory.store)
         rounds = config.retrieval.max_rounds
         readers = {"chat": Reader(upstream, tool, rounds),
                    "responses": ResponsesReader(upstream, tool, rounds)}
     _live_metrics(metrics, summarizer, compactor)
+    _memory_metrics(metrics, memory)
     # The encoding (~0.4 s) and the window map load before the port accepts requests: building
     # the encoding holds the GIL for most of that time, which would stall the event loop (and
     # every request in flight) if it happened while serving.
@@ -274,7 +285,8 @@ async def open_services(
     services = Services(
         config=config, gate=gate, metrics=metrics, upstream=upstream,
         forwarder=Forwarder(upstream), router=router, originals=originals, archive=archive,
-        summaries=summaries, sessions=sessions, compactor=compactor, pipeline=pipeline,
+        summaries=summaries, sessions=sessions, compactor=compactor, memory=memory,
+        pipeline=pipeline,
         readers=readers, writes=writes, usage=usage, background=background, database=db,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
     )
@@ -292,3 +304,29 @@ def _live_metrics(
                  lambda: compactor.compactions)
     metrics.live("ctxproxy_precompactions", "Compactions prepared in the background.",
                  lambda: compactor.precompactions)
+
+
+def _memory(
+    config: Config, store: MemoryStore, upstream: Upstream, router: LitellmRouter,
+    background: Background, read_tool: str | None,
+) -> Memory | NullMemory:
+    """Long-term memory: on only with compaction (its facts come from the summarizer call);
+    off, its store still serves /files what an earlier run kept."""
+    if not (config.memory.enabled and config.compaction.enabled):
+        if config.memory.enabled:
+            log.warning("memory.enabled needs compaction.enabled (facts come from the "
+                        "compaction's summarizer call): long-term memory is off")
+        return NullMemory(store)
+    folder = SummarizerClient(
+        upstream, router, model=config.memory.model or config.compaction.model,
+        timeout_s=config.compaction.summarizer_timeout_s,
+    )
+    return Memory(config.memory, store, folder, background, read_tool=read_tool)
+
+
+def _memory_metrics(metrics: Metrics, memory: Memory | NullMemory) -> None:
+    metrics.live("ctxproxy_memory_facts", "Blocks of durable facts recorded at compactions.",
+                 lambda: memory.facts_recorded)
+    metrics.live("ctxproxy_memory_fold_calls", "Summarizer calls made to fold memory.",
+                 lambda: memory.fold_calls)
+    metrics.live("ctxproxy_memory_folds", "Memory versions folded.", lambda: memory.folds)

@@ -11,6 +11,12 @@ from typing import Any
 import orjson
 
 ANON = "anon"
+# The tenant-wide memory scope (SPEC section 10), when the client names none.
+DEFAULT_MEMORY_SCOPE = "default"
+MEMORY_SCOPE_HEADER = "x-ctxproxy-memory-scope"
+# A session may not be called like the tenant's memory directory (proxy.store.paths.MEMORY_DIR):
+# a client naming its session so gets the hashed form.
+_RESERVED = frozenset({"memory"})
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # In order of precedence; "session-id" is what Codex sends.
 SESSION_HEADERS = ("x-ctxproxy-session", "x-session-id", "x-claude-code-session-id", "session-id")
@@ -21,6 +27,7 @@ class Identity:
     tenant: str
     session: str
     api_key: str | None  # never persisted or logged; kept to forward and compare
+    memory_scope: str = DEFAULT_MEMORY_SCOPE  # long-term memory scope (a safe name)
 
 
 def client_key(headers: Mapping[str, str]) -> str | None:
@@ -44,7 +51,26 @@ def safe_name(raw: str) -> str:
     """Client-chosen ids become directory names: keep safe ones, hash anything else."""
     if _SAFE.fullmatch(raw) and ".." not in raw:
         return raw
+    return _hashed(raw)
+
+
+def _hashed(raw: str) -> str:
     return "h-" + hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def _session_name(raw: str) -> str:
+    return _hashed(raw) if raw in _RESERVED else safe_name(raw)
+
+
+def memory_scope(headers: Mapping[str, str], body: Mapping[str, Any]) -> str:
+    """The memory scope a client names (header, then ``metadata.memory_scope``), validated like
+    a session name; the tenant-wide ``default`` otherwise."""
+    value = headers.get(MEMORY_SCOPE_HEADER)
+    if not value:
+        meta = body.get("metadata")
+        found = meta.get("memory_scope") if isinstance(meta, dict) else None
+        value = found if isinstance(found, str) else None
+    return safe_name(value) if value else DEFAULT_MEMORY_SCOPE
 
 
 def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:
@@ -90,14 +116,15 @@ def resolve(
     key = client_key(headers)
     if tenant is None:
         tenant = tenant_of(key)
+    scope = memory_scope(headers, body)
     for name in SESSION_HEADERS:
         value = headers.get(name)
         if value:
-            return Identity(tenant, safe_name(value), key)
+            return Identity(tenant, _session_name(value), key, scope)
     sid = _body_session(body)
     if sid is not None:
-        return Identity(tenant, safe_name(sid), key)
+        return Identity(tenant, _session_name(sid), key, scope)
     if history is None:
         found = body.get("messages")
         history = found if isinstance(found, list) else []
-    return Identity(tenant, derived_session(tenant, list(history)), key)
+    return Identity(tenant, derived_session(tenant, list(history)), key, scope)

@@ -13,6 +13,9 @@ one when the planner needs it, and keeps it:
 
 A summarizer that fails or times out yields the deterministic fallback summary (the request is
 still served); an abandoned request does not wait for it.
+
+With long-term memory on (a :class:`FactsSink`), the same summarizer call also returns durable
+facts, handed to the sink (:mod:`proxy.memory`); a failure there is logged, never raised.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import dataclasses
 import logging
 from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ..config import CompactionConfig
 from ..lru import LRU
@@ -37,11 +40,18 @@ from .prepared import PreparedCompactions
 from .summarizer import summarize
 from .windows import ContextWindows
 
-__all__ = ["Compactor", "NullCompactor"]
+__all__ = ["Compactor", "FactsSink", "NullCompactor"]
 
 log = logging.getLogger("proxy.pipeline")
 
 FlightKey = tuple[str, str, str]  # tenant, session, chain of the last replaced message
+
+
+class FactsSink(Protocol):
+    """Where the durable facts of a compaction go (long-term memory)."""
+
+    async def record(self, tenant: str, scope: str, session: str, facts: str,
+                     writes: Writes | None) -> None: ...
 
 
 class Compactor:
@@ -55,8 +65,10 @@ class Compactor:
         archive: DialogStore,
         client: SummarizerClient,
         windows: ContextWindows,
+        facts: FactsSink | None = None,
     ) -> None:
         self.config = config
+        self.facts = facts
         self.summaries = summaries
         self.archive = archive
         self.client = client
@@ -151,6 +163,7 @@ class Compactor:
             tokens_before,
             # The verbatim user requests take at most ~5% of the window (~4 chars a token).
             max(1000, min(8000, 4 * self.windows.window(request.model) // 20)),
+            (request.identity.memory_scope, request.writes),
         )
 
     async def _summarize_parts(
@@ -164,14 +177,21 @@ class Compactor:
         model: str,
         tokens_before: int,
         user_chars: int,
+        memory: tuple[str, Writes | None],
     ) -> SummaryRecord:
         previous = plan.previous.text if plan.previous is not None else None
         outcome = await summarize(
             complete, previous, evicted,
             per_message_chars=min(2000, user_chars), total_chars=user_chars,
+            facts=self.facts is not None,
         )
         if outcome.source == "fallback":
             log.warning("summarizer failed (%s); using a deterministic summary", outcome.error)
+        if outcome.facts is not None and self.facts is not None:
+            try:
+                await self.facts.record(tenant, memory[0], session, outcome.facts, memory[1])
+            except Exception:
+                log.exception("recording durable facts failed; the compaction goes on")
         spans = await asyncio.to_thread(self.archive.span, tenant, session, replaced_chains)
         return SummaryRecord(
             tenant=tenant,

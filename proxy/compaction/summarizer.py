@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .facts import split_facts, with_facts
 from .fallback import fallback_body, fallback_summary
 from .message import CLOSING_LINE as CLOSING_LINE
 from .message import (
@@ -97,6 +98,7 @@ class SummaryOutcome:
     source: Literal["model", "fallback"]
     attempts: int  # calls of `complete` made: 1 or 2
     error: str | None  # why the fallback was used (None for a model summary)
+    facts: str | None = None  # the durable-facts section, when asked for and given
 
 
 async def summarize(
@@ -109,6 +111,7 @@ async def summarize(
     per_message_chars: int = 2000,
     total_chars: int = 8000,
     timeout: float | None = None,
+    facts: bool = False,
 ) -> SummaryOutcome:
     """Summarize ``evicted`` merged with ``previous`` in one call of ``complete``.
 
@@ -119,6 +122,9 @@ async def summarize(
     served. A raising call is not retried: the caller's client owns transport retries.
     ``asyncio.CancelledError`` is not an ``Exception`` and propagates, so an abandoned request
     does not wait for a fallback. Both paths append the same merged user-requests block.
+
+    ``facts`` (long-term memory on): the same call also asks for the durable-facts section
+    (:mod:`.facts`), returned apart from the summary; a fallback has none.
     """
     previous = previous_text(previous) or None
     block = user_requests_block(
@@ -127,6 +133,8 @@ async def summarize(
     prompt = build_prompt(
         previous, evicted, tool_output_chars=tool_output_chars, max_input_chars=max_input_chars
     )
+    if facts:
+        prompt = with_facts(prompt)
     messages = prompt
     attempts = 0
     error: str | None = None
@@ -144,8 +152,11 @@ async def summarize(
         body = clean_answer(answer)
         problems = summary_problems(body)
         if not problems:
-            text = compose_summary(normalize_summary(body), block)
-            return SummaryOutcome(text, "model", attempts, None)
+            summary, found = normalize_summary(body), None
+            if facts:
+                summary, found = split_facts(summary)
+            text = compose_summary(summary, block)
+            return SummaryOutcome(text, "model", attempts, None, found)
         error = f"invalid summary after {attempt} attempt{'s' if attempt > 1 else ''}: " + (
             "; ".join(problems)
         )

@@ -11,6 +11,8 @@ out through the services.
                         planned again
       prepare        -> compactor.prepare() (background)
       still over     -> Offloader.harder() on every kept result             pure -> originals
+    memory           <- memory.message() (the version pinned for the session and the summary
+                        in use), inserted after the leading system messages  pure
     validate, count                                                         pure
 
 Offload runs once per request in the sense that matters: each cut is computed once (cached per
@@ -31,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..compaction.planner import Decision, Planner
 from ..lru import LRU
+from ..memory.inject import inject
 from ..store.interfaces import Originals
 from ..store.summaries import SummaryRecord
 from ..writes import Mode
@@ -38,6 +41,7 @@ from .ageing import aged_at
 from .count import CountStage, RequestCounter
 from .model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
 from .offload import Offloader
+from .turns import leading_system_count
 from .validate import ValidateStage
 
 __all__ = ["Pipeline"]
@@ -59,6 +63,12 @@ class Compaction(Protocol):
     def prepare(self, plan: Any, request: RequestView, tokens: int) -> None: ...
 
 
+class MemoryStep(Protocol):
+    enabled: bool
+
+    async def message(self, request: RequestView, epoch: str) -> Message | None: ...
+
+
 class Pipeline:
     def __init__(
         self,
@@ -71,8 +81,10 @@ class Pipeline:
         timed_ageing: bool,
         old_max_bytes: int,
         stages: Sequence[Stage] | None = None,
+        memory: MemoryStep | None = None,
     ) -> None:
         self.offloader = offloader
+        self.memory = memory
         self.planner = planner
         self.compactor = compactor
         self.counter = counter
@@ -120,10 +132,24 @@ class Pipeline:
 
         if compacting:
             try:
-                messages = await self._compact(history, messages, request, summary, stats)
+                messages, summary = await self._compact(history, messages, request, summary,
+                                                        stats)
             except Exception:
                 log.exception("stage compact failed; forwarding without it")
                 failed.append("compact")
+
+        memory = self.memory
+        if memory is not None and memory.enabled and history and (
+            len(request.chains) == len(history)  # not a history kept upstream
+        ):
+            try:
+                note = await memory.message(request, summary.chain if summary else "")
+                if note is not None:
+                    messages = inject(messages, note, leading_system_count(history))
+                    stats["memory_bytes"] = len(str(note.get("content", "")).encode())
+            except Exception:
+                log.exception("stage memory failed; forwarding without it")
+                failed.append("memory")
 
         for stage in (self.validate, self.count):
             # Counting covers what the client sent too (tokens in): its new outputs, whole.
@@ -305,7 +331,8 @@ class Pipeline:
         request: RequestView,
         summary: SummaryRecord | None,
         stats: dict[str, int],
-    ) -> list[Message]:
+    ) -> tuple[list[Message], SummaryRecord | None]:
+        """The messages to forward and the summary in use after compaction."""
         # Splits are measured on the history with stage-1 cuts only (what the kept turns weigh
         # before the compaction ages them): pure, cached cuts, and only when a split is needed.
         def stage_one() -> list[Message]:
@@ -330,7 +357,7 @@ class Pipeline:
             self.compactor.prepare(decision.prepare, request, decision.tokens)
         _add(stats, {"compacted": int(decision.summary is not None), "compactions": compacted_now,
                      "tokens_budget": decision.budget.threshold})
-        return applied
+        return applied, decision.summary
 
     async def _plan(
         self, messages: list[Message], request: RequestView, summary: SummaryRecord | None,

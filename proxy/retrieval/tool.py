@@ -12,25 +12,31 @@ import orjson
 from ..compaction.message import is_summary_message
 from ..config import Config
 from ..errors import OffloadedFileMissing
+from ..memory.inject import is_memory_message
 from ..pipeline.notice import parse_notice
 from ..pipeline.truncate import read_chunk
 from ..session import Identity
 from ..store import fs
-from ..store.paths import DIALOG_DIR, TOOL_RESULT_DIR
+from ..store.interfaces import MemoryStore
+from ..store.paths import DIALOG_DIR, MEMORY_DAYS_DIR, TOOL_RESULT_DIR
 from ..store.tool_results import ToolResultStore
 
 _ALLOWED = re.compile(
     rf"(?:{TOOL_RESULT_DIR}/[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}\.txt"
-    rf"|{DIALOG_DIR}/\d{{4}}-\d{{2}}-\d{{2}}\.jsonl)"
+    rf"|{DIALOG_DIR}/\d{{4}}-\d{{2}}-\d{{2}}\.jsonl"
+    rf"|{MEMORY_DAYS_DIR}/\d{{4}}-\d{{2}}-\d{{2}}\.md)"
 )
 
 
 class ReadTool:
-    def __init__(self, config: Config, store: ToolResultStore) -> None:
+    def __init__(
+        self, config: Config, store: ToolResultStore, memory: MemoryStore | None = None
+    ) -> None:
         self.name = config.retrieval.tool_name
         self.data_dir = Path(config.storage.data_dir)
         self.budget = config.offload.recent_max_bytes
         self.store = store
+        self.memory = memory  # the memory scope's daily notes, memory/YYYY-MM-DD.md
 
     def definition(self) -> dict[str, Any]:
         return {
@@ -78,7 +84,7 @@ class ReadTool:
                 notice = parse_notice(text) if text else None
                 if notice is not None and notice.tool == self.name:
                     return True
-            elif is_summary_message(m):
+            elif is_summary_message(m) or is_memory_message(m):
                 return True
         return False
 
@@ -104,7 +110,8 @@ class ReadTool:
         byte = args.get("start_byte", 0)
         if not isinstance(path, str) or not _ALLOWED.fullmatch(path):
             return (f"error: file_path must name this conversation's tool_result/<id>.txt or "
-                    f"dialog/YYYY-MM-DD.jsonl file, got {str(path)[:200]!r}")
+                    f"dialog/YYYY-MM-DD.jsonl file, or a memory/YYYY-MM-DD.md note, got "
+                    f"{str(path)[:200]!r}")
         if not isinstance(line, int) or isinstance(line, bool) or line < 1:
             return "error: start_line must be an integer >= 1"
         if not isinstance(byte, int) or isinstance(byte, bool) or byte < 0:
@@ -124,6 +131,13 @@ class ReadTool:
         if path.startswith(TOOL_RESULT_DIR + "/"):
             rid = path[len(TOOL_RESULT_DIR) + 1 : -len(".txt")]
             return self.store.read(identity.tenant, identity.session, rid)
+        if path.startswith(MEMORY_DAYS_DIR + "/"):
+            day = path[len(MEMORY_DAYS_DIR) + 1 : -len(".md")]
+            found = self.memory.read_day(identity.tenant, identity.memory_scope, day) if (
+                self.memory is not None) else None
+            if found is None:
+                raise OffloadedFileMissing(f"{path}: no memory notes of that day")
+            return found
         try:
             data = fs.read_bytes(self.data_dir, (identity.tenant, identity.session, *path.split("/")))
         except fs.Hidden:

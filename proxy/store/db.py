@@ -125,6 +125,38 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         # timed to compactions and recomputed from it.
         "ALTER TABLE summaries ADD COLUMN seen INTEGER NOT NULL DEFAULT 0",
     ),
+    (
+        # Long-term memory (proxy.store.memory): one row per scope (its current version, the
+        # newest fact recorded, the last fold, and the fold lock), every folded version's
+        # text, and the version each session's prefix is pinned to until its next compaction.
+        """CREATE TABLE memory_scopes (
+            tenant        TEXT NOT NULL,
+            scope         TEXT NOT NULL,
+            version       INTEGER NOT NULL DEFAULT 0,
+            last_entry_at TEXT,
+            folded_at     TEXT,
+            lease_until   TEXT,
+            lease_token   TEXT,
+            PRIMARY KEY (tenant, scope)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE memory_versions (
+            tenant     TEXT NOT NULL,
+            scope      TEXT NOT NULL,
+            version    INTEGER NOT NULL,
+            text       TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (tenant, scope, version)
+        )""",
+        """CREATE TABLE memory_pins (
+            tenant     TEXT NOT NULL,
+            scope      TEXT NOT NULL,
+            session    TEXT NOT NULL,
+            epoch      TEXT NOT NULL,
+            version    INTEGER NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (tenant, scope, session, epoch)
+        ) WITHOUT ROWID""",
+    ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

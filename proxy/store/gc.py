@@ -7,7 +7,9 @@ reads (SPEC section 12). Run by the server at start-up and hourly, and by ``ctxp
   their index rows, summaries created before it with their ``.md`` copies, and session rows not
   seen since then. A client that resends an expired history has it archived (and compacted)
   again, as new.
-* Every tenant's files are measured for the quota (:class:`DiskUsage`).
+* Long-term memory follows the same retention: daily notes, MEMORY files, versions and pins
+  older than ``storage.dialog_ttl_days`` go too (:func:`proxy.store.memory.expire_memory`).
+* Every tenant's files are measured for the quota (:class:`DiskUsage`), memory included.
 
 Blocking: call :func:`collect` from a worker thread when on the event loop.
 """
@@ -23,7 +25,8 @@ from pathlib import Path
 
 from . import fs
 from .db import Database, format_ts
-from .paths import DIALOG_DIR, SUMMARIES_DIR
+from .memory import expire_memory
+from .paths import DIALOG_DIR, MEMORY_DIR, SUMMARIES_DIR
 from .tool_results import ToolResultStore
 from .usage import DiskUsage
 
@@ -36,13 +39,14 @@ log = logging.getLogger("proxy.store")
 class GcReport:
     tool_results: int = 0  # offloaded files deleted
     dialog_files: int = 0  # archive files deleted
+    memory_files: int = 0  # memory notes and MEMORY files deleted
     summaries: int = 0  # summaries deleted (rows)
     sessions: int = 0  # session rows deleted
     usage: dict[str, int] = field(default_factory=dict)  # bytes per tenant after the run
 
     @property
     def expired(self) -> bool:
-        return bool(self.dialog_files or self.summaries or self.sessions)
+        return bool(self.dialog_files or self.summaries or self.sessions or self.memory_files)
 
 
 def collect(
@@ -56,12 +60,15 @@ def collect(
 ) -> GcReport:
     now = time.time() if now is None else now
     deleted = tool_results.gc(now)
-    files = summaries = sessions = 0
+    files = summaries = sessions = memory = 0
     if dialog_ttl_days is not None:
-        files, summaries, sessions = expire_archive(data_dir, db, now - dialog_ttl_days * 86400)
-    report = GcReport(deleted, files, summaries, sessions, usage.measure())
+        cutoff = now - dialog_ttl_days * 86400
+        memory = expire_memory(data_dir, db, cutoff)
+        files, summaries, sessions = expire_archive(data_dir, db, cutoff)
+    report = GcReport(deleted, files, memory, summaries, sessions, usage.measure())
     if report.expired:
-        log.info("gc expired %d dialog files, %d summaries, %d sessions", files, summaries, sessions)
+        log.info("gc expired %d dialog files, %d summaries, %d sessions, %d memory files",
+                 files, summaries, sessions, memory)
     return report
 
 
@@ -72,6 +79,8 @@ def expire_archive(data_dir: Path, db: Database | None, cutoff: float) -> tuple[
     stamp = format_ts(datetime.fromtimestamp(cutoff, UTC))
     for tenant in fs.subdirs(data_dir):
         for session in fs.subdirs(data_dir, (tenant,)):
+            if session == MEMORY_DIR:  # memory scopes, not a session: expire_memory's
+                continue
             for entry in fs.list_files(data_dir, (tenant, session, DIALOG_DIR), ".jsonl"):
                 if entry.mtime >= cutoff:
                     continue
@@ -106,6 +115,9 @@ def _remove_empty_dirs(data_dir: Path) -> None:
     for tenant in fs.subdirs(data_dir):
         for session in fs.subdirs(data_dir, (tenant,)):
             for kind in fs.subdirs(data_dir, (tenant, session)):
+                if session == MEMORY_DIR:  # kind is a memory scope: its notes and versions
+                    for sub in fs.subdirs(data_dir, (tenant, session, kind)):
+                        _rmdir(data_dir, (tenant, session, kind), sub)
                 _rmdir(data_dir, (tenant, session), kind)
             _rmdir(data_dir, (tenant,), session)
         _rmdir(data_dir, (), tenant)

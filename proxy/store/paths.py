@@ -9,6 +9,13 @@ Layout::
             tool_result/<id>.txt            offloaded tool output
             dialog/YYYY-MM-DD.jsonl         dialog archive (proxy.store.dialog)
             summaries/<created>-<chain12>.md  human-readable copies of the summary cache
+        <tenant>/memory/<scope>/            long-term memory of one scope (proxy.store.memory)
+            MEMORY.md                       the current folded memory
+            memory/YYYY-MM-DD.md            durable facts recorded that day
+            versions/MEMORY-vNNNN.md        earlier MEMORY.md versions
+
+``memory`` is a reserved session name (:mod:`proxy.session` hashes a client's session called
+so), so the memory directory never collides with a session's.
 
 Tenant and session names reach this module already sanitised by :mod:`proxy.session`, but every
 path is built here, so this is the one place that re-checks them: a name that slipped through
@@ -33,6 +40,10 @@ __all__ = [
     "DIALOG_DIR",
     "STAGING_DIR",
     "SUMMARIES_DIR",
+    "MEMORY_DAYS_DIR",
+    "MEMORY_DIR",
+    "MEMORY_FILE",
+    "MEMORY_VERSIONS_DIR",
     "TOOL_RESULT_DIR",
     "InvalidName",
     "check_name",
@@ -41,6 +52,9 @@ __all__ = [
     "dialog_file",
     "dialog_filename",
     "dialog_parts",
+    "memory_day_parts",
+    "memory_parts",
+    "memory_version_name",
     "session_dir",
     "summaries_dir",
     "tenant_dir",
@@ -54,11 +68,16 @@ STAGING_DIR: Final = "_staging"  # originals of keys the provider has not accept
 DIALOG_DIR: Final = "dialog"
 SUMMARIES_DIR: Final = "summaries"
 TOOL_RESULT_DIR: Final = "tool_result"
+MEMORY_DIR: Final = "memory"  # below a tenant: one directory per memory scope
+MEMORY_FILE: Final = "MEMORY.md"
+MEMORY_DAYS_DIR: Final = "memory"  # below a scope: the daily notes
+MEMORY_VERSIONS_DIR: Final = "versions"
 
 # Same alphabet and bound as proxy.session.safe_name: a leading alphanumeric excludes "." and
 # "..", hidden files and option-looking names; ".." anywhere is refused too, as safe_name does.
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _DIALOG_FILE: Final = re.compile(r"\d{4}-\d{2}-\d{2}\.jsonl")
+_DAY: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def check_name(name: str, kind: str = "name") -> str:
@@ -123,3 +142,22 @@ def dialog_parts(tenant: str, session: str, day: date | str) -> tuple[str, str, 
     """The components of one day's archive file below ``data_dir``."""
     return (check_name(tenant, "tenant"), check_name(session, "session"), DIALOG_DIR,
             dialog_file(Path(), tenant, session, day).name)
+
+
+def memory_parts(tenant: str, scope: str, *rest: str) -> tuple[str, ...]:
+    """The components of a memory scope's directory (and ``rest`` below it) under
+    ``data_dir``."""
+    return (check_name(tenant, "tenant"), MEMORY_DIR, check_name(scope, "memory scope"),
+            *(check_name(p) for p in rest))
+
+
+def memory_day_parts(tenant: str, scope: str, day: date | str) -> tuple[str, ...]:
+    """One day's notes of a scope; ``day`` a date or ``YYYY-MM-DD`` (``.md`` optional)."""
+    name = day.isoformat() if isinstance(day, date) else day.removesuffix(".md")
+    if not _DAY.fullmatch(name):
+        raise InvalidName(f"invalid memory day: {day!r}")
+    return memory_parts(tenant, scope, MEMORY_DAYS_DIR, f"{name}.md")
+
+
+def memory_version_name(version: int) -> str:
+    return f"MEMORY-v{version:04d}.md"

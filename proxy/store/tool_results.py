@@ -25,6 +25,7 @@ from pathlib import Path
 from ..errors import OffloadedFileMissing as OffloadedFileMissing
 from . import fs
 from .paths import (
+    MEMORY_DIR,
     STAGING_DIR,
     TOOL_RESULT_DIR,
     check_name,
@@ -172,6 +173,8 @@ class ToolResultStore:
         deleted = 0
         for tenant in fs.subdirs(self.data_dir):
             for session in fs.subdirs(self.data_dir, (tenant,)):
+                if session == MEMORY_DIR:  # memory scopes, not a session (store.memory)
+                    continue
                 deleted += _delete_older(self.data_dir, (tenant, session, TOOL_RESULT_DIR), cutoff)
         # Staged originals whose request never settled (a crash): an hour is far beyond any
         # request's lifetime.

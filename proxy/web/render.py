@@ -21,6 +21,8 @@ __all__ = [
     "error_page",
     "esc",
     "index_page",
+    "memory_index_page",
+    "memory_scope_page",
     "session_page",
     "tool_result_page",
 ]
@@ -160,7 +162,61 @@ def index_page(p: dict[str, Any]) -> str:
         cells.append(f"<td>{_when(s['last_seen'])}</td>")
         rows.append(f"<tr>{''.join(cells)}</tr>")
     parts.append(_table(head, rows))
+    parts.append(_memory_table(p.get("memory") or [], master))
     return _layout("sessions", [("ctxproxy files", None)], "".join(parts))
+
+
+def _memory_table(scopes: Sequence[Mapping[str, Any]], master: bool) -> str:
+    if not scopes:
+        return ""
+    head = ["Memory scope", "Version", "Last fact", "Last fold"]
+    if master:
+        head.insert(1, "Tenant")
+    rows = []
+    for m in scopes:
+        cells = [f'<td><a href="{esc(m["url"])}">{esc(m["scope"])}</a></td>']
+        if master:
+            cells.append(f'<td><code>{esc(m["tenant"])}</code></td>')
+        cells += [f'<td class="num">{_num(m["version"])}</td>',
+                  f"<td>{_when(m['last_entry_at'])}</td>", f"<td>{_when(m['folded_at'])}</td>"]
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    return "<h2>Long-term memory</h2>" + _table(head, rows)
+
+
+def memory_index_page(p: dict[str, Any]) -> str:
+    base = _base(p["url"], 2)
+    body = (f"<h1>Long-term memory</h1><p class=\"meta\">tenant <code>{esc(p['tenant'])}</code>"
+            "</p>" + (_memory_table(p["scopes"], False) or '<p class="meta">No memory yet.</p>'))
+    return _layout("memory", [("ctxproxy files", base), (f"{p['tenant']} / memory", None)], body)
+
+
+def memory_scope_page(p: dict[str, Any]) -> str:
+    base = _base(p["url"], 3)
+    parts = [f"<h1>Memory · {esc(p['scope'])}</h1>"
+             f'<p class="meta">tenant <code>{esc(p["tenant"])}</code> · version '
+             f"{_num(p['version'])} · last fact {_when(p['last_entry_at'])} · last fold "
+             f"{_when(p['folded_at'])}</p>"]
+    versions = p["versions"]
+    parts.append(f"<h2>MEMORY.md versions ({len(versions)})</h2>")
+    if not versions:
+        parts.append('<p class="meta">Not folded yet.</p>')
+    for v in versions:
+        tag = " · current" if v["current"] else ""
+        parts.append(
+            f'<section class="card summary"><h3>v{v["version"]} · {_when(v["created_at"])}{tag}'
+            f'</h3><p class="meta"><a href="{esc(v["url"])}">{esc(v["name"])}</a></p>'
+            f"<pre>{esc(v['text'])}</pre></section>"
+        )
+    parts.append("<h2>Daily notes</h2>")
+    if p["days"]:
+        parts.append("<ul>" + "".join(f'<li class="mono"><a href="{esc(d["url"])}">'
+                                      f"memory/{esc(d['name'])}</a></li>" for d in p["days"])
+                     + "</ul>")
+    else:
+        parts.append('<p class="meta">No facts recorded.</p>')
+    crumbs = [("ctxproxy files", base),
+              (f"{p['tenant']} / memory", f"{base}/{p['tenant']}/memory"), (p["scope"], None)]
+    return _layout(f"memory {p['scope']}", crumbs, "".join(parts))
 
 
 def _table(head: Sequence[str], rows: Sequence[str]) -> str:

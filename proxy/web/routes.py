@@ -33,6 +33,8 @@ from proxy.services import Services
 from proxy.store.db import SessionRow, format_ts
 from proxy.store.dialog_read import parse_record
 from proxy.store.fs import Hidden, iter_chunks, list_files, open_dir, open_file, valid_name
+from proxy.store.memory import ScopeRow
+from proxy.store.paths import MEMORY_DIR, memory_version_name
 from proxy.web import render
 from proxy.web.access import Ask, Fmt, Window, ask_of, read_window
 
@@ -44,6 +46,8 @@ PAGE_BYTES: Final = 4 << 20  # file bytes per HTML/JSON page, whatever the line 
 MAX_LINES: Final = 1_000_000  # largest ?lines= accepted
 _DIALOG_NAME: Final = re.compile(r"\d{4}-\d{2}-\d{2}\.jsonl")
 _NUMBER: Final = re.compile(r"[0-9]{1,9}")
+_DAY_NAME: Final = re.compile(r"\d{4}-\d{2}-\d{2}\.md")
+_VERSION_NAME: Final = re.compile(r"MEMORY-v(\d{4,9})\.md")
 # Private data, and the files hold arbitrary tool output: never cached, never sniffed as HTML,
 # no scripts, frames or outbound requests.
 SECURITY_HEADERS: Final = {
@@ -102,6 +106,8 @@ def _dispatch(rt: Services, caller: Caller, ask: Ask, rest: str) -> Response:
     tenant, session = parts[0], parts[1]
     if not caller.may_see(tenant):
         raise _gone()
+    if session == MEMORY_DIR:  # a reserved session name: the tenant's long-term memory
+        return _memory(rt, tenant, parts[2:], ask)
     if len(parts) == 2:
         return _respond(ask.fmt, _session(rt, tenant, session, ask), render.session_page)
     if len(parts) != 4:
@@ -153,7 +159,67 @@ def _index(rt: Services, caller: Caller, ask: Ask) -> dict[str, Any]:
         "master": caller.master,
         "database": rt.database is not None,
         "sessions": [_session_row(r, ask.base) for r in rows],
+        "memory": [_scope_row(r, ask.base) for r in rt.memory.store.scopes(caller.scope)],
     }
+
+
+# --- long-term memory: /files/<tenant>/memory[/<scope>[/memory/<day>.md|/versions/<name>]] ---
+
+
+def _scope_row(row: ScopeRow, base: str) -> dict[str, Any]:
+    return {
+        "tenant": row.tenant,
+        "scope": row.scope,
+        "url": f"{base}/{row.tenant}/{MEMORY_DIR}/{row.scope}",
+        "version": row.version,
+        "last_entry_at": format_ts(row.last_entry_at) if row.last_entry_at else None,
+        "folded_at": format_ts(row.folded_at) if row.folded_at else None,
+    }
+
+
+def _memory(rt: Services, tenant: str, parts: list[str], ask: Ask) -> Response:
+    store = rt.memory.store
+    if not parts:
+        payload = {"tenant": tenant, "url": f"{ask.base}/{tenant}/{MEMORY_DIR}",
+                   "scopes": [_scope_row(r, ask.base) for r in store.scopes(tenant)]}
+        return _respond(ask.fmt, payload, render.memory_index_page)
+    scope = parts[0]
+    if not valid_name(scope):
+        raise _gone()
+    rows = [r for r in store.scopes(tenant) if r.scope == scope]
+    if not rows:
+        raise _gone()
+    url = f"{ask.base}/{tenant}/{MEMORY_DIR}/{scope}"
+    if len(parts) == 1:
+        versions = store.versions(tenant, scope)
+        payload = {
+            **_scope_row(rows[0], ask.base),
+            "versions": [
+                {"version": v.version, "name": memory_version_name(v.version),
+                 "url": f"{url}/versions/{memory_version_name(v.version)}",
+                 "created_at": format_ts(v.created_at), "text": v.text,
+                 "current": v.version == rows[0].version}
+                for v in reversed(versions)
+            ],
+            "days": [{"day": d, "name": f"{d}.md", "url": f"{url}/memory/{d}.md"}
+                     for d in reversed(store.days(tenant, scope))],
+        }
+        return _respond(ask.fmt, payload, render.memory_scope_page)
+    if len(parts) != 3:
+        raise _gone()
+    kind, name = parts[1], parts[2]
+    text: str | None = None
+    if kind == "memory" and _DAY_NAME.fullmatch(name):
+        text = store.read_day(tenant, scope, name.removesuffix(".md"))
+    elif kind == "versions" and (m := _VERSION_NAME.fullmatch(name)) is not None:
+        found = store.version(tenant, scope, int(m[1]))
+        text = found.text if found is not None else None
+    if text is None:
+        raise _gone()
+    if ask.fmt != "json":  # markdown is shown as text, browsers included
+        return Response(text.encode("utf-8", "replace"), 200, SECURITY_HEADERS, _TEXT)
+    payload = {"tenant": tenant, "scope": scope, "file": f"{kind}/{name}", "text": text}
+    return Response(orjson.dumps(payload), 200, SECURITY_HEADERS, "application/json")
 
 
 def _known(rt: Services, tenant: str, session: str) -> SessionRow | bool:
