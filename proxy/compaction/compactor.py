@@ -55,7 +55,7 @@ log = logging.getLogger("proxy.pipeline")
 FlightKey = tuple[str, str, str]  # tenant, session, chain of the last replaced message
 
 CLAIM_POLL_S = 0.05  # how often a replica waiting on another's claim looks for the summary
-CLAIM_MARGIN_S = 10.0  # a claim outlives the summarizer timeout by this much
+CLAIM_MARGIN_S = 2.0  # a claim outlives the summarizer timeout by this much
 
 
 class Compactor:

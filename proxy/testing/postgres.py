@@ -99,8 +99,8 @@ class PostgresServer:
     def create_database(self, name: str) -> str:
         """A new empty database (dropped first if it exists); returns its URL."""
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
-            conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
