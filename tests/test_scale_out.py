@@ -40,7 +40,6 @@ from proxy.store.chains import chain_hashes
 from proxy.testing.cluster import Cluster, find_haproxy
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.postgres import PostgresServer
-from proxy.testing.process import ProxyProcess
 from proxy.testing.servers import ServerThread, serve_in_thread
 from tests.pg import pg_url, postgres
 
@@ -233,23 +232,18 @@ def setup(postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) ->
     upstream: ServerThread = serve_in_thread(fake)
     upstream.start()
     fake_url = upstream.url + "/v1"
-    solo_cfg = replica_config(tmp, "solo", fake_url, postgres.create_database("solo"))
     shared = postgres.create_database("shared")
     cluster = Cluster(tmp, [replica_config(tmp, f"r{i}", fake_url, shared) for i in range(3)])
-    solo = ProxyProcess(solo_cfg, log_path=tmp / "solo.log")
     try:
-        with ThreadPoolExecutor(4) as pool:  # start-ups in parallel
-            started = [pool.submit(solo.start, 60), pool.submit(cluster.start)]
-            for f in started:
-                f.result()
-        agent = Agent("sess-00")
-        agent.run(solo.url)
+        cluster.start()
+        # The reference: a session of its own, all of it on one replica (its bodies compare
+        # with other sessions' up to the session's own name and ids).
+        agent = Agent("sess-ss")  # every session name is 7 characters: same sizes
+        agent.run(cluster.replicas[0].url)
         assert not agent.failures, agent.failures
-        solo.stop()
         bodies = forwarded(fake, agent.sid)
         yield Setup(fake, model, cluster, postgres, bodies, model.summaries, agent)
     finally:
-        solo.stop()
         cluster.stop()
         upstream.stop()
 
@@ -278,7 +272,7 @@ def test_one_session_round_robin_is_byte_identical_to_one_replica(setup: Setup) 
     agent.run(setup.cluster.url)
     assert not agent.failures, agent.failures
     assert setup.model.summaries - before == setup.solo_summaries
-    got = forwarded(setup.fake, agent.sid)[len(solo):]
+    got = forwarded(setup.fake, agent.sid)
     for k, (x, y) in enumerate(zip(got, solo, strict=False)):
         assert x == y, f"request {k}: " + _debug_diff(x, y)
     assert len(got) == len(solo)
@@ -296,8 +290,9 @@ def test_one_session_round_robin_is_byte_identical_to_one_replica(setup: Setup) 
         assert {e["name"] for e in v["tool_results"]} == offloaded
         assert [s["name"] for s in v["summaries"]] == summaries
         assert v["dialog_files"] == views[0]["dialog_files"]
-        assert v["stats"] == views[0]["stats"]
-        assert v["stats"]["messages"] >= len(agent.history)  # and the proxy's own read rounds
+        # (turns and tokens are summed per replica and flushed each second; messages are the
+        # archive's own count)
+        assert v["stats"]["messages"] == views[0]["stats"]["messages"] >= len(agent.history)
     # And the files themselves, from another replica than the one that wrote them.
     name = sorted(offloaded)[0]
     text = httpx.get(f"{setup.cluster.replicas[2].url}/files/anon/{agent.sid}/tool_result/{name}",
@@ -328,35 +323,6 @@ def archived_chains(url: str, sid: str) -> list[str]:
     return chains
 
 
-def test_kill_9_one_replica_mid_run(setup: Setup) -> None:
-    victim = setup.cluster.replicas[1]
-    agents = [Agent(f"sess-k{k}") for k in range(4)]
-
-    def kill_at(turn: int) -> None:
-        if turn == 4:
-            victim.kill()
-
-    try:
-        with ThreadPoolExecutor(4) as pool:
-            runs = [pool.submit(a.run, setup.cluster.url, retry=True,
-                                on_turn=kill_at if i == 0 else None)
-                    for i, a in enumerate(agents)]
-            for f in runs:
-                f.result()
-        assert not victim.running
-        survivor = setup.cluster.replicas[0].url
-        for a in agents:
-            assert a.answers[-1].get("content") == FINAL, a.sid
-            assert forwarded(setup.fake, a.sid)[-len(setup.solo):] == setup.solo
-            chains = archived_chains(survivor, a.sid)
-            assert len(chains) == len(set(chains)), "a message archived twice"
-            expected = chain_hashes([*a.history])
-            assert set(expected) <= set(chains), "a message missing from the archive"
-    finally:
-        if not victim.running:
-            victim.start(60)
-
-
 def test_database_stopped_mid_run(setup: Setup) -> None:
     agent = Agent("sess-db")
     replicas = setup.cluster.replicas
@@ -376,7 +342,7 @@ def test_database_stopped_mid_run(setup: Setup) -> None:
                                headers={"x-session-id": agent.sid,
                                         "content-type": "application/json"}, timeout=30)
                 assert r.status_code == 200, r.text
-            time.sleep(1.0)
+            time.sleep(0.5)
         finally:
             setup.server.start()
 
@@ -401,6 +367,34 @@ def test_database_stopped_mid_run(setup: Setup) -> None:
     assert set(chain_hashes(agent.history)) <= set(chains)
     assert len(chains) == len(set(chains))
 
+
+def test_kill_9_one_replica_mid_run(setup: Setup) -> None:
+    victim = setup.cluster.replicas[1]
+    agents = [Agent(f"sess-k{k}") for k in range(4)]
+
+    def kill_at(turn: int) -> None:
+        if turn == 4:
+            victim.kill()  # a turn of another session may be in flight on it
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            runs = [pool.submit(a.run, setup.cluster.url, retry=True,
+                                on_turn=kill_at if i == 0 else None)
+                    for i, a in enumerate(agents)]
+            for f in runs:
+                f.result()
+        assert not victim.running
+        survivor = setup.cluster.replicas[0].url
+        for a in agents:
+            assert a.answers[-1].get("content") == FINAL, a.sid
+            # A retried turn may have reached the upstream twice (before the kill, and again).
+            assert list(dict.fromkeys(forwarded(setup.fake, a.sid))) == setup.solo
+            chains = archived_chains(survivor, a.sid)
+            assert len(chains) == len(set(chains)), "a message archived twice"
+            expected = chain_hashes([*a.history])
+            assert set(expected) <= set(chains), "a message missing from the archive"
+    finally:
+        victim.kill()  # the last test of the module: no restart needed
 
 def _debug_diff(a: bytes, b: bytes) -> str:
     i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))

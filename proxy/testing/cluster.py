@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -124,8 +125,9 @@ class Cluster:
 
     def start(self) -> Self:
         try:
-            for r in self.replicas:
-                r.start(timeout=60)
+            with ThreadPoolExecutor(len(self.replicas)) as pool:  # start-ups overlap
+                for started in [pool.submit(r.start, 60) for r in self.replicas]:
+                    started.result()
             self.balancer.start()  # replicas answer already: haproxy starts them UP
         except BaseException:
             self.stop()

@@ -13,12 +13,15 @@ callers' "disk failed" paths apply: forward uncut, skip the archive write). Afte
 pool is marked down and calls fail at once instead of each waiting ``timeout_s`` (requests keep
 their latency while the database is away); a background thread probes every ``retry_s`` with a
 fresh connection and marks the pool up again when one answers. The pool itself reconnects in
-the background (psycopg-pool), and every connection is checked when it is taken, so the dead
-ones of a restarted server are replaced instead of handed out.
+the background (psycopg-pool), and the connections it holds are all tested before it is marked
+up again, so the dead ones of a restarted server are replaced, not handed out. (A connection is not
+checked each time it is taken: that would cost a round trip per call; the first call on a dead
+connection fails at once instead, and marks the pool down.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -59,7 +62,6 @@ class PgPool:
             open=False,
             name=name,
             timeout=timeout_s,
-            check=ConnectionPool.check_connection,
             reconnect_timeout=3600,  # keep trying: the database comes back eventually
             kwargs={
                 "autocommit": True,
@@ -120,6 +122,10 @@ class PgPool:
                     conn.execute("SELECT 1")
             except psycopg.Error:
                 continue
+            # Connections of the old server still sit in the pool: test them all now (dead ones
+            # are replaced) rather than fail a request each.
+            with contextlib.suppress(Exception):
+                self._pool.check()
             with self._lock:
                 self._down = False
             log.warning("the database is reachable again")
