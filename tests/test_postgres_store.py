@@ -306,3 +306,52 @@ def test_copy_a_data_dir(backend: PostgresBackend, tmp_path: Path) -> None:
     # New messages continue the copied file's numbering.
     more = backend.dialog.record(T, S, history(12), now=NOW)
     assert more.first is not None and more.first.line == 12
+
+
+# --- configuration, command line, readiness --------------------------------------------------
+
+
+def test_storage_url_is_postgres_and_may_come_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from proxy.config import config_from_mapping
+    from proxy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="storage.url"):
+        config_from_mapping({"storage": {"url": "mysql://db/x"}})
+    monkeypatch.setenv("CTXPROXY_TEST_DB", "postgresql://u@h/db")
+    config = config_from_mapping({"storage": {"url": "os.environ/CTXPROXY_TEST_DB"}})
+    assert config.storage.url == "postgresql://u@h/db"
+    assert config_from_mapping({}).storage.url is None  # the default: files + SQLite
+
+
+def test_cli_db_upgrade_and_migrate_storage(pg_url: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from proxy.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"storage: {{url: '{pg_url}', data_dir: '{tmp_path / 'old'}'}}\n")
+    assert main(["db", "upgrade", "--config", str(cfg)]) == 0
+    assert main(["db", "upgrade", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"schema version {SCHEMA_VERSION} (applied 1)",
+                   f"schema version {SCHEMA_VERSION} (already current)"]
+    db = Database.in_dir(tmp_path / "old")
+    DialogArchive(tmp_path / "old", db).record(T, S, history(3), now=NOW)
+    db.close()
+    assert main(["migrate-storage", "--config", str(cfg)]) == 0
+    assert "4 dialog line(s), 4 index row(s)" in capsys.readouterr().out
+    assert main(["gc", "--config", str(cfg)]) == 0
+    assert "from the database" in capsys.readouterr().out
+
+
+async def test_readyz_and_healthz(make_inproc: Any, pg_url: str) -> None:
+    files = await make_inproc()
+    r = await files.client.get("/readyz")
+    assert (r.status_code, r.json()) == (200, {"status": "ok", "store": "up",
+                                               "backend": "files"})
+    pg = await make_inproc({"storage": {"url": pg_url}})
+    r = await pg.client.get("/readyz")
+    assert r.status_code == 200 and r.json()["backend"] == "postgres"
+    assert (await pg.client.get("/healthz")).status_code == 200
+    # (503 while the database is away: tests/test_scale_out.py::test_database_stopped_mid_run)
