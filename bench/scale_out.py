@@ -2,8 +2,8 @@
 
     python bench/scale_out.py [--seconds 5] [--rounds 2] [--sessions 8]
 
-Starts a throwaway PostgreSQL (proxy.testing.postgres), the fake upstream (in this process,
-answering as proxy.testing.replay's model), three ``ctxproxy serve`` processes sharing one
+Starts a throwaway PostgreSQL (proxy.testing.postgres), the fake upstream (its own process,
+bench/replay_upstream.py, answering as proxy.testing.replay's model), three ``ctxproxy serve`` processes sharing one
 database and three haproxy instances in front of 1, 2 and 3 of them (the config the tests use,
 proxy.testing.cluster). Reports, each configuration interleaved within every round:
 
@@ -28,6 +28,8 @@ import os
 import random
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,11 +43,9 @@ import yaml
 
 from proxy.demo import SYSTEM, TASK, TOOLS, script
 from proxy.testing.cluster import Haproxy
-from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.postgres import PostgresServer
 from proxy.testing.process import ProxyProcess
-from proxy.testing.replay import MODEL, RECENT_MAX, WINDOW, Agent, Model
-from proxy.testing.servers import serve_in_thread
+from proxy.testing.replay import MODEL, RECENT_MAX, WINDOW, Agent
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -269,17 +269,25 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--only", choices=["throughput", "backends", "cold"])
     args = ap.parse_args()
-    fake = FakeUpstream(responder=Model(), record=False)
-    with serve_in_thread(fake) as upstream, PostgresServer() as server, \
-            tempfile.TemporaryDirectory() as tmpdir:
-        tmp = Path(tmpdir)
-        fake_url = upstream.url + "/v1"
-        if args.only in (None, "throughput"):
-            throughput(args, fake_url, tmp, server.create_database("throughput"))
-        if args.only in (None, "backends"):
-            backends(args, fake_url, tmp, server.create_database("backends"))
-        if args.only in (None, "cold"):
-            cold_vs_warm(fake_url, tmp, server.create_database("cold"))
+    launcher = Path(__file__).with_name("replay_upstream.py")
+    upstream = subprocess.Popen([sys.executable, str(launcher)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert upstream.stdout is not None
+        fake_url = upstream.stdout.readline().split()[1] + "/v1"
+        with PostgresServer() as server, tempfile.TemporaryDirectory() as tmpdir:
+            run_all(args, fake_url, Path(tmpdir), server)
+    finally:
+        upstream.terminate()
+        upstream.wait()
+
+
+def run_all(args: argparse.Namespace, fake_url: str, tmp: Path, server: PostgresServer) -> None:
+    if args.only in (None, "throughput"):
+        throughput(args, fake_url, tmp, server.create_database("throughput"))
+    if args.only in (None, "backends"):
+        backends(args, fake_url, tmp, server.create_database("backends"))
+    if args.only in (None, "cold"):
+        cold_vs_warm(fake_url, tmp, server.create_database("cold"))
 
 
 if __name__ == "__main__":

@@ -24,11 +24,13 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
+import psycopg
 import pytest
 import yaml
 
@@ -78,6 +80,7 @@ class Setup:
     solo: list[bytes]  # the one-replica run's forwarded bodies
     solo_summaries: int
     solo_agent: Agent
+    url: str  # the shared database
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,7 @@ def setup(postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) ->
         agent.run(cluster.replicas[0].url)
         assert not agent.failures, agent.failures
         bodies = forwarded(fake, agent.sid)
-        yield Setup(fake, model, cluster, postgres, bodies, model.summaries, agent)
+        yield Setup(fake, model, cluster, postgres, bodies, model.summaries, agent, shared)
     finally:
         cluster.stop()
         upstream.stop()
@@ -177,6 +180,29 @@ def archived_chains(url: str, sid: str) -> list[str]:
                         headers={"accept": "text/plain"}).content
         chains += [orjson.loads(line)["chain"] for line in raw.splitlines() if line.strip()]
     return chains
+
+
+def test_a_dead_replicas_claim_expires(setup: Setup) -> None:
+    """Claims left by a replica that died mid-summary (inserted here for every chain the session
+    will have) hold the compaction up only until they expire; then one live replica makes it."""
+    sid = "sess-cl"
+    history = orjson.loads(orjson.dumps(setup.solo_agent.history).replace(b"sess-ss", sid.encode()))
+    chains = chain_hashes(history)
+    hold_s = 1.5
+    with psycopg.connect(setup.url, autocommit=True) as conn:
+        conn.execute(
+            """INSERT INTO claims (tenant, session, chain, owner, expires_at)
+               SELECT 'anon', %s, c, 'dead-replica', now() + %s FROM unnest(%s::text[]) AS c""",
+            (sid, timedelta(seconds=hold_s), chains))
+    before = setup.model.summaries
+    agent = Agent(sid)
+    began = time.monotonic()
+    agent.run(setup.cluster.url)
+    took = time.monotonic() - began
+    assert not agent.failures, agent.failures
+    assert setup.model.summaries - before == setup.solo_summaries
+    assert forwarded(setup.fake, sid) == setup.solo
+    assert hold_s <= took < hold_s + 10  # waited for the expiry, then went on
 
 
 def test_database_stopped_mid_run(setup: Setup) -> None:
