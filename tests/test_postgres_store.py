@@ -271,6 +271,33 @@ def test_database_down_fails_fast_and_recovers(pg_url: str, tmp_path: Path) -> N
             b.close()
 
 
+def test_a_slow_database_costs_a_call_at_most_the_timeout(pg_url: str, tmp_path: Path) -> None:
+    """A query stuck behind a lock is cut off at statement_timeout_s; calls then fail at once
+    until the probe finds the database answering again."""
+    config = proxy_config("http://127.0.0.1:9/v1", tmp_path,
+                          {"storage": {"url": pg_url, "statement_timeout_s": 0.5}})
+    b = PostgresBackend(config.storage, digest_cache_bytes=0)
+    try:
+        with psycopg.connect(pg_url) as blocker:
+            blocker.execute("LOCK TABLE summaries IN ACCESS EXCLUSIVE MODE")
+            began = time.perf_counter()
+            with pytest.raises(StoreUnavailable):
+                b.summaries.get(T, S, "c" * 32)
+            assert time.perf_counter() - began < 2.0
+            began = time.perf_counter()
+            with pytest.raises(StoreUnavailable):
+                b.sessions.session_stats(T, S)  # another table, but the pool is marked down
+            assert time.perf_counter() - began < 0.1
+            blocker.rollback()
+        deadline = time.monotonic() + 10
+        while not b.ready():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert b.summaries.get(T, S, "c" * 32) is None
+    finally:
+        b.close()
+
+
 # --- migrate-storage -----------------------------------------------------------------------------
 
 
