@@ -30,7 +30,7 @@ from .formats.chat import CHAT
 from .formats.responses import RESPONSES
 from .metrics import Metrics
 from .pipeline.model import Stage
-from .routes import Health, MetricsPage, Models, PassThrough
+from .routes import Health, MetricsPage, Models, PassThrough, Ready
 from .services import Services, open_services
 from .web.routes import FilesApp
 
@@ -181,6 +181,7 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", Models(), methods=["GET"]),
         Route("/healthz", Health(), methods=["GET"]),
+        Route("/readyz", Ready(), methods=["GET"]),
         Route("/metrics", MetricsPage(), methods=["GET"]),
         Route("/files", files, methods=["GET"]),
         Route("/files/{rest:path}", files, methods=["GET"]),

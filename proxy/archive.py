@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .background import Background
@@ -95,6 +95,64 @@ class Archive:
             self.metrics.disk_errors.inc()
             log.warning("dialog archive write failed (%s); forwarding anyway", exc)
 
+    async def record_answer_now(
+        self,
+        identity: Identity,
+        messages: Sequence[Any],
+        chains: Sequence[str],
+        answer: dict[str, Any] | Sequence[dict[str, Any]] | None,
+        writes: Writes,
+        internal: Sequence[Any] = (),
+    ) -> bool:
+        """Archive the answer (and the proxy's read rounds) before the response's last byte,
+        for a store other replicas share: the client's next turn may land on another replica,
+        and the lines a summary's pointer names must not depend on which write lands first.
+        True when it is recorded (then :meth:`record_answer_later` only counts the turn)."""
+        if writes.mode is not Mode.NOW or (not answer and not internal):
+            return False
+        await writes.drain()  # the request's own held lines first, in order
+        record = self._answer_job(identity, messages, chains, answer, internal)
+        if record is None:
+            return True
+        try:
+            await asyncio.to_thread(writes.write_sync, record)
+        except Exception as exc:
+            self.metrics.disk_errors.inc()
+            log.warning("recording the answer failed: %s", exc)
+            return False
+        return True
+
+    def _answer_job(
+        self,
+        identity: Identity,
+        messages: Sequence[Any],
+        chains: Sequence[str],
+        answer: dict[str, Any] | Sequence[dict[str, Any]] | None,
+        internal: Sequence[Any],
+    ) -> Callable[[], int] | None:
+        """The write that archives an answer; None when it is archived already."""
+        tenant, session = identity.tenant, identity.session
+        store = self.store
+        if not internal and len(chains) == len(messages):
+            answer_chain = chains[-1] if chains else None
+            for one in [answer] if isinstance(answer, dict) else list(answer or ()):
+                answer_chain = chain_step(answer_chain, one, store.digest_cache)
+            if answer_chain and self.known.all_known(tenant, session, (answer_chain,)):
+                return None
+
+        def record() -> int:
+            if internal:
+                # The proxy's own read rounds: archived (lossless) as the continuation the
+                # model saw.
+                result = store.record(tenant, session, [*messages, *internal], answer=answer)
+            else:
+                result = store.record(tenant, session, messages, chains=chains, answer=answer)
+            if result.answer_chain is not None:
+                self.known.add(tenant, session, (result.answer_chain,))
+            return result.bytes_written
+
+        return record
+
     def record_answer_later(
         self,
         identity: Identity,
@@ -104,6 +162,8 @@ class Archive:
         stats: Mapping[str, int],
         writes: Writes,
         internal: Sequence[Any] = (),
+        *,
+        recorded: bool = False,
     ) -> None:
         """After the response: archive the answer (a message, or the list of items a Responses
         answer has) and count the turn, off the request's path.
@@ -119,26 +179,11 @@ class Archive:
             compactions=int(stats.get("compactions", 0)),
             offloads=int(stats.get("offloaded", 0)),
         )
-        if not answer and not internal:
+        if recorded or (not answer and not internal):
             return
-        store = self.store
-        if not internal and len(chains) == len(messages):
-            answer_chain = chains[-1] if chains else None
-            for one in [answer] if isinstance(answer, dict) else list(answer or ()):
-                answer_chain = chain_step(answer_chain, one, store.digest_cache)
-            if answer_chain and self.known.all_known(tenant, session, (answer_chain,)):
-                return
-
-        def record() -> int:
-            if internal:
-                # The proxy's own read rounds: archived (lossless) as the continuation the
-                # model saw.
-                result = store.record(tenant, session, [*messages, *internal], answer=answer)
-            else:
-                result = store.record(tenant, session, messages, chains=chains, answer=answer)
-            if result.answer_chain is not None:
-                self.known.add(tenant, session, (result.answer_chain,))
-            return result.bytes_written
+        record = self._answer_job(identity, messages, chains, answer, internal)
+        if record is None:
+            return
 
         async def run() -> None:
             try:
@@ -172,10 +217,17 @@ class NullArchive:
     ) -> None:
         return None
 
+    async def record_answer_now(
+        self, identity: Identity, messages: Sequence[Any], chains: Sequence[str],
+        answer: dict[str, Any] | Sequence[dict[str, Any]] | None, writes: Writes,
+        internal: Sequence[Any] = (),
+    ) -> bool:
+        return False
+
     def record_answer_later(
         self, identity: Identity, messages: Sequence[Any], chains: Sequence[str],
         answer: dict[str, Any] | Sequence[dict[str, Any]] | None, stats: Mapping[str, int],
-        writes: Writes, internal: Sequence[Any] = (),
+        writes: Writes, internal: Sequence[Any] = (), *, recorded: bool = False,
     ) -> None:
         return None
 

@@ -34,6 +34,14 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep-serving", action="store_true", help="keep the proxy up at the end")
     gc = sub.add_parser("gc", help="delete expired offloaded files now")
     gc.add_argument("--config", help="YAML configuration file (every field optional)")
+    db = sub.add_parser("db", help="the shared database (storage.url)")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_sub.add_parser("upgrade", help="create or migrate the schema, then exit")
+    upgrade.add_argument("--config", help="YAML configuration file with storage.url")
+    copy = sub.add_parser("migrate-storage",
+                          help="copy a data_dir (files + SQLite) into the database at storage.url")
+    copy.add_argument("--config", help="YAML configuration file with storage.url")
+    copy.add_argument("--from", dest="source", help="data_dir to copy (default: storage.data_dir)")
     return parser
 
 
@@ -119,16 +127,27 @@ def gc(config: Config) -> int:
     from .store.usage import DiskUsage
 
     storage = config.storage
-    store = ToolResultStore(storage.data_dir, storage.tool_result_ttl_days)
-    db = Database.in_dir(storage.data_dir) if db_path(storage.data_dir).exists() else None
-    try:
-        report = collect(storage.data_dir, db, store, DiskUsage(storage.data_dir),
-                         dialog_ttl_days=storage.dialog_ttl_days)
-    finally:
-        if db is not None:
-            db.close()
+    if storage.url is not None:
+        from .store.postgres import PostgresBackend
+
+        backend = PostgresBackend(storage, digest_cache_bytes=0)
+        try:
+            report = backend.collect(DiskUsage(storage.data_dir, backend.tenant_sizes),
+                                     dialog_ttl_days=storage.dialog_ttl_days)
+        finally:
+            backend.close()
+    else:
+        store = ToolResultStore(storage.data_dir, storage.tool_result_ttl_days)
+        db = Database.in_dir(storage.data_dir) if db_path(storage.data_dir).exists() else None
+        try:
+            report = collect(storage.data_dir, db, store, DiskUsage(storage.data_dir),
+                             dialog_ttl_days=storage.dialog_ttl_days)
+        finally:
+            if db is not None:
+                db.close()
+    where = "the database" if storage.url is not None else str(storage.data_dir)
     print(f"deleted {report.tool_results} offloaded file(s) older than "
-          f"{storage.tool_result_ttl_days:g} days from {storage.data_dir}")
+          f"{storage.tool_result_ttl_days:g} days from {where}")
     if storage.dialog_ttl_days is not None:
         print(f"deleted {report.dialog_files} dialog file(s), {report.summaries} summary(ies) "
               f"and {report.sessions} session(s) older than {storage.dialog_ttl_days:g} days")
@@ -139,6 +158,54 @@ def gc(config: Config) -> int:
         shown = "no quota" if limit is None else f"quota {limit:g} MiB"
         print(f"tenant {tenant}: {used / (1024 * 1024):.1f} MiB ({shown})"
               + (": OVER QUOTA, nothing new is written" if over else ""))
+    return EXIT_OK
+
+
+def _pool(config: Config) -> Any:
+    from .store.postgres import PgPool
+
+    if config.storage.url is None:
+        raise ConfigError("storage.url: set it to the postgresql:// URL of the shared database")
+    pool = PgPool(config.storage.url, max_size=2, timeout_s=config.storage.statement_timeout_s)
+    pool.open()
+    return pool
+
+
+def db_upgrade(config: Config) -> int:
+    """Bring the shared database's schema to this version (what ``serve`` does at start)."""
+    from .store.postgres import SCHEMA_VERSION, upgrade
+
+    pool = _pool(config)
+    try:
+        with pool.connection() as conn:
+            applied = upgrade(conn)
+    finally:
+        pool.close()
+    print(f"schema version {SCHEMA_VERSION}"
+          + (f" (applied {', '.join(map(str, applied))})" if applied else " (already current)"))
+    return EXIT_OK
+
+
+def migrate_storage(config: Config, source: str | None) -> int:
+    """Copy a files + SQLite data_dir into the database at storage.url (idempotent)."""
+    from pathlib import Path
+
+    from .store.postgres import upgrade
+    from .store.postgres.copy import copy_data_dir
+
+    data_dir = Path(source) if source else config.storage.data_dir
+    if not data_dir.is_dir():
+        raise ConfigError(f"{data_dir}: not a directory")
+    pool = _pool(config)
+    try:
+        with pool.connection() as conn:
+            upgrade(conn)
+        report = copy_data_dir(data_dir, pool)
+    finally:
+        pool.close()
+    print(f"copied from {data_dir}: {report.originals} offloaded file(s), "
+          f"{report.dialog_lines} dialog line(s), {report.messages} index row(s), "
+          f"{report.summaries} summary(ies), {report.sessions} session(s)")
     return EXIT_OK
 
 
@@ -160,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(config, args.log_level)
         if args.command == "gc":
             return gc(config)
+        if args.command == "db":
+            return db_upgrade(config)
+        if args.command == "migrate-storage":
+            return migrate_storage(config, args.source)
     except ConfigError as exc:
         print(f"ctxproxy: config error: {exc.message}", file=sys.stderr)
         return EXIT_USAGE

@@ -95,6 +95,20 @@ class StorageConfig(_Section):
     data_dir: Path = Field(
         Path("./ctxproxy-data"), description="Directory holding offloaded files and archives."
     )
+    url: str | None = Field(
+        None,
+        description="Shared database for many replicas: a postgresql://user:pass@host/db URL "
+        "(or os.environ/NAME). Then summaries, session counters, the dialog archive and "
+        "offloaded originals all live in PostgreSQL and data_dir is not used for them; null: "
+        "files and SQLite under data_dir (one process).",
+    )
+    pool_size: int = Field(
+        10, ge=1, le=200, description="With url: most database connections of one replica."
+    )
+    statement_timeout_s: float = Field(
+        5, gt=0, description="With url: longest wait for one database call (connection or "
+        "query); past it the request goes on without the store (forwarded uncut, not archived).",
+    )
     tool_result_ttl_days: float = Field(
         5, gt=0, description="Offloaded tool results older than this many days are deleted."
     )
@@ -112,6 +126,13 @@ class StorageConfig(_Section):
         description="Dialog archive files and summaries older than this many days are deleted "
         "(with their index rows) by the periodic gc and `ctxproxy gc`; null: kept forever.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_only(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL (or null for files and SQLite)")
+        return value
 
 
 class ReadTool(_Section):

@@ -23,7 +23,7 @@ from .formats import Format, Tap
 from .formats.chat import CHAT
 from .metrics import Metrics
 from .pipeline.model import PipelineResult, RequestView
-from .retrieval.loop import ReadLoop, Rounds
+from .retrieval.loop import Finish, ReadLoop, Rounds
 from .routes import caller_of, header_map, services_of
 from .services import Services
 from .session import Identity, resolve
@@ -111,18 +111,31 @@ class Conversation:
             extra.append((b"x-ctxproxy-history", b"upstream"))
         tap = fmt.tap()
         rounds = Rounds()
+        archived: list[bool] = []
+
+        async def finish(done: Rounds) -> None:
+            # A shared store: the answer is archived before the last byte (Archive.record_answer_now).
+            archived.append(await svc.archive.record_answer_now(
+                identity, sent, chains, tap.answer(), writes, done.internal))
+
+        async def before_end() -> None:
+            await writes.drain()
+            await finish(rounds)
+
+        shared = svc.store.shared is not None
         if params is not None:
             work = _via_litellm(svc, params, {**body, "messages": forwarded}, extra, scope, send,
                                 tap)
         elif reads and reader is not None:
             loop_body = reader.with_tool(orjson.loads(out))
             work = _via_reads(reader, fmt, svc, scope, send, loop_body, extra, tap, identity,
-                              rounds, writes)
+                              rounds, writes, finish if shared else None)
         else:
             work = svc.forwarder.forward(
                 scope, send, "POST", fmt.subpath, out, extra=extra,
                 stream_tap=tap.stream, whole_tap=tap.whole,
-                on_status=writes.settle, before_end=writes.drain, buffer_unknown=True,
+                on_status=writes.settle, before_end=before_end if shared else writes.drain,
+                buffer_unknown=True,
             )
         disconnected = False
         try:
@@ -133,14 +146,15 @@ class Conversation:
         finally:
             writes.finish(disconnected=disconnected)
             svc.archive.record_answer_later(
-                identity, sent, chains, tap.answer(), result.stats, writes, rounds.internal
+                identity, sent, chains, tap.answer(), result.stats, writes, rounds.internal,
+                recorded=any(archived),
             )
 
 
 async def _via_reads(
     reader: ReadLoop, fmt: Format, svc: Services, scope: Scope, send: Send,
     body: dict[str, Any], extra: Headers, tap: Tap, identity: Identity, rounds: Rounds,
-    writes: Writes,
+    writes: Writes, finish: Finish = None,
 ) -> None:
     """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
     up = svc.upstream
@@ -149,10 +163,11 @@ async def _via_reads(
     headers = up.request_headers(scope["headers"])
     if body.get("stream") is True:
         done = await reader.stream(send, body, url, headers, extra, identity, tap.stream,
-                                   on_status=writes.settle, settled=writes.drain)
+                                   on_status=writes.settle, settled=writes.drain, finish=finish)
     else:
         done = await reader.non_stream(send, body, url, headers, extra, identity, tap.whole,
-                                       on_status=writes.settle, settled=writes.drain)
+                                       on_status=writes.settle, settled=writes.drain,
+                                       finish=finish)
     timing_of(scope).mark()
     rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
 

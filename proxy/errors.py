@@ -18,7 +18,8 @@ those that reach a client become OpenAI's error envelope with the class's status
         ├── InvalidName (+ ValueError)   a name that is not one safe path component
         ├── Hidden (+ FileNotFoundError) a path refused or absent below data_dir
         ├── OffloadedFileMissing (+ LookupError)   expired or never written
-        └── SchemaError                  a database written by a newer ctxproxy
+        ├── SchemaError                  a database written by a newer ctxproxy
+        └── StoreUnavailable (+ OSError) the shared database is down or too slow
 
 The internal ones also derive from the builtin their callers have always caught.
 """
@@ -189,3 +190,12 @@ class SchemaError(StoreError):
     """The database was written by a newer ctxproxy (or is not ours)."""
 
     code = "schema_error"
+
+
+class StoreUnavailable(StoreError, OSError):
+    """The shared database (PostgreSQL) cannot be reached or did not answer in time. An
+    OSError, so every path that survives a failing disk (forward uncut, skip the archive write)
+    survives it the same way."""
+
+    status = 503
+    code = "store_unavailable"

@@ -21,7 +21,7 @@ def route_of(path: str) -> str:
         return "passthrough"
     if path == "/files" or path.startswith("/files/"):
         return "files"
-    if path in ("/healthz", "/metrics"):
+    if path in ("/healthz", "/readyz", "/metrics"):
         return path[1:]
     return "other"
 

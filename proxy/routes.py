@@ -3,6 +3,7 @@ from the request's scope: its services, and its caller as the gate decided."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
@@ -120,8 +121,23 @@ class MetricsPage:
 
 
 class Health:
+    """GET /healthz: the process is alive (whatever the store's state: a balancer must not
+    restart replicas because the database is away)."""
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_whole(send, 200, [JSON_CT], b'{"status":"ok"}')
+
+
+class Ready:
+    """GET /readyz: 200 when the store answers, 503 with ``"store": "down"`` when it does not
+    (requests are still served then, without the store)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        store = services_of(scope).store
+        up = await asyncio.to_thread(store.ready)
+        body = {"status": "ok" if up else "degraded", "store": "up" if up else "down",
+                "backend": store.name}
+        await send_whole(send, 200 if up else 503, [JSON_CT], orjson.dumps(body))
 
 
 __all__ = [
@@ -129,6 +145,7 @@ __all__ = [
     "MetricsPage",
     "Models",
     "PassThrough",
+    "Ready",
     "caller_of",
     "header_map",
     "passthrough_subpath",

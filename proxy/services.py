@@ -4,6 +4,7 @@
       gate, metrics            who is calling; the Prometheus registry
       upstream, forwarder      the pooled client for the OpenAI-compatible upstream; relaying
       router                   model_list routes through litellm (imported on first use)
+      store                    the storage backend (files + SQLite, or PostgreSQL)
       originals                offloaded originals (store)
       archive                  the dialog archive service: request before forwarding, answer after
       summaries, sessions      summary records and per-session counters (for /files)
@@ -48,15 +49,18 @@ from .pipeline.tokens import TokenCounter
 from .retrieval.loop import Reader, ReadLoop
 from .retrieval.responses_loop import ResponsesReader
 from .retrieval.tool import ReadTool
-from .store.chains import DigestCache
-from .store.db import Database, SessionRow
-from .store.dialog import DialogArchive
-from .store.gc import collect
-from .store.interfaces import MemoryStore, SessionIndex, Summaries
-from .store.memory import MemoryFiles
+from .store.backend import open_backend
+from .store.db import SessionRow
+from .store.interfaces import (
+    MemoryStore,
+    Originals,
+    SessionFiles,
+    SessionIndex,
+    StoreBackend,
+    Summaries,
+)
 from .store.sessions import SessionCounters
-from .store.summaries import SummaryRecord, SummaryStore
-from .store.tool_results import ToolResultStore
+from .store.summaries import SummaryRecord
 from .store.usage import DiskUsage
 from .tokenizer_data import ensure_tiktoken_offline
 from .upstream.forward import Forwarder
@@ -110,7 +114,9 @@ class Services:
     upstream: Upstream
     forwarder: Forwarder
     router: LitellmRouter
-    originals: ToolResultStore
+    store: StoreBackend
+    originals: Originals
+    files: SessionFiles
     archive: Archive | NullArchive
     summaries: Summaries
     sessions: SessionIndex
@@ -121,7 +127,6 @@ class Services:
     writes: WritePolicy
     usage: DiskUsage
     background: Background
-    database: Database | None  # the one that must be closed; None when it failed to open
     counters: SessionCounters | None
     gc: Periodic
 
@@ -142,8 +147,7 @@ class Services:
     async def collect_garbage(self) -> None:
         """Expire files and measure each tenant's disk (:mod:`proxy.store.gc`), off the loop."""
         report = await asyncio.to_thread(
-            collect, self.data_dir, self.database, self.originals, self.usage,
-            dialog_ttl_days=self.config.storage.dialog_ttl_days,
+            self.store.collect, self.usage, dialog_ttl_days=self.config.storage.dialog_ttl_days
         )
         if report.expired:
             # The in-memory shortcuts may point at what is gone now.
@@ -158,22 +162,12 @@ class Services:
         if self.counters is not None:
             await self.counters.close()
         await self.upstream.close()
-        if self.database is not None:
-            self.database.close()
+        await asyncio.to_thread(self.store.close)
 
 
 def files_url(config: Config) -> str:
     base = config.server.public_url or f"http://{config.server.host}:{config.server.port}"
     return base.rstrip("/") + "/files"
-
-
-def _open_db(config: Config) -> Database | None:
-    try:
-        return Database.in_dir(config.storage.data_dir)
-    except Exception as exc:  # a broken disk must not stop the proxy: it forwards without
-        log.error("cannot open the database under %s (%s): dialog archive and compaction are "
-                  "off", config.storage.data_dir, exc)
-        return None
 
 
 class Periodic:
@@ -224,14 +218,19 @@ async def open_services(
     router = LitellmRouter(
         [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
     )
-    originals = ToolResultStore(storage.data_dir, storage.tool_result_ttl_days)
     ensure_tiktoken_offline()
     cache = config.server.cache_mb * 1024 * 1024
+    try:
+        store = await asyncio.to_thread(open_backend, storage, digest_cache_bytes=cache // 5)
+    except BaseException:
+        await upstream.close()
+        raise
+    originals = store.originals
     counter = RequestCounter(TokenCounter(), cache_chars=cache * 2 // 5)
     windows = ContextWindows(config.compaction.context_windows)
-    usage = DiskUsage(storage.data_dir)
-    writes = WritePolicy(storage.data_dir, usage, storage.max_tenant_mb, metrics, background)
-    db = await asyncio.to_thread(_open_db, config)
+    usage = DiskUsage(storage.data_dir, store.tenant_sizes)
+    writes = WritePolicy(store.files.tenant_known, usage, storage.max_tenant_mb, metrics,
+                         background)
 
     archive: Archive | NullArchive = NullArchive()
     summaries: Summaries = _NoSummaries()
@@ -243,19 +242,17 @@ async def open_services(
         timeout_s=config.compaction.summarizer_timeout_s,
     )
     read_tool = config.retrieval.tool_name if config.retrieval.mode == "proxy" else None
-    memory: Memory | NullMemory = NullMemory()
-    if db is not None:
-        counters = SessionCounters(db)
+    memory: Memory | NullMemory = NullMemory(store.memory)
+    if store.dialog is not None and store.summaries is not None and store.sessions is not None:
+        counters = SessionCounters(store.sessions)
         counters.start()
-        dialog = DialogArchive(storage.data_dir, db, digest_cache=DigestCache(max_bytes=cache // 5))
-        archive = Archive(dialog, counters, background, metrics)
-        store = SummaryStore(db, storage.data_dir)
-        summaries, sessions = store, db
-        memory = _memory(config, MemoryFiles(db, storage.data_dir), upstream, router,
-                         background, read_tool)
+        archive = Archive(store.dialog, counters, background, metrics)
+        summaries, sessions = store.summaries, store.sessions
+        if store.memory is not None:
+            memory = _memory(config, store.memory, upstream, router, background, read_tool)
         if config.compaction.enabled:
-            compactor = Compactor(config.compaction, summaries=store, archive=dialog,
-                                  client=summarizer, windows=windows,
+            compactor = Compactor(config.compaction, summaries=summaries, archive=store.dialog,
+                                  client=summarizer, windows=windows, shared=store.shared,
                                   facts=memory if isinstance(memory, Memory) else None)
     pipeline = Pipeline(
         offloader=Offloader(config.offload, config.retrieval, storage.data_dir,
@@ -271,11 +268,11 @@ async def open_services(
     )
     readers: dict[str, ReadLoop] = {}
     if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
-        tool = ReadTool(config, originals, memory.store)
+        tool = ReadTool(config, originals, store.files, memory.store)
         rounds = config.retrieval.max_rounds
         readers = {"chat": Reader(upstream, tool, rounds),
                    "responses": ResponsesReader(upstream, tool, rounds)}
-    _live_metrics(metrics, summarizer, compactor)
+    _live_metrics(metrics, summarizer, compactor, store)
     _memory_metrics(metrics, memory)
     # The encoding (~0.4 s) and the window map load before the port accepts requests: building
     # the encoding holds the GIL for most of that time, which would stall the event loop (and
@@ -284,19 +281,22 @@ async def open_services(
 
     services = Services(
         config=config, gate=gate, metrics=metrics, upstream=upstream,
-        forwarder=Forwarder(upstream), router=router, originals=originals, archive=archive,
-        summaries=summaries, sessions=sessions, compactor=compactor, memory=memory,
-        pipeline=pipeline,
-        readers=readers, writes=writes, usage=usage, background=background, database=db,
-        counters=counters, gc=Periodic(GC_INTERVAL_S),
+        forwarder=Forwarder(upstream), router=router, store=store, originals=originals,
+        files=store.files, archive=archive, summaries=summaries, sessions=sessions,
+        compactor=compactor, memory=memory, pipeline=pipeline, readers=readers, writes=writes, usage=usage,
+        background=background, counters=counters, gc=Periodic(GC_INTERVAL_S),
     )
     services.gc.start(services.collect_garbage)
     return services
 
 
 def _live_metrics(
-    metrics: Metrics, summarizer: SummarizerClient, compactor: Compactor | NullCompactor
+    metrics: Metrics, summarizer: SummarizerClient, compactor: Compactor | NullCompactor,
+    store: StoreBackend,
 ) -> None:
+    metrics.live("ctxproxy_store_unavailable",
+                 "Store calls that failed because the shared database was down or too slow.",
+                 lambda: store.failures)
     metrics.live("ctxproxy_summarizer_calls", "Summarizer calls made.", lambda: summarizer.calls)
     metrics.live("ctxproxy_summarizer_failures", "Summarizer calls that failed.",
                  lambda: summarizer.failures)

@@ -28,12 +28,10 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from .background import Background
 from .metrics import Metrics
-from .store import fs
 from .store.usage import DiskUsage
 
 __all__ = ["REJECTED", "Mode", "WritePolicy", "Writes"]
@@ -192,13 +190,13 @@ class WritePolicy:
 
     def __init__(
         self,
-        data_dir: Path,
+        tenant_known: Callable[[str], bool],
         usage: DiskUsage,
         limit_mb: float | None,
         metrics: Metrics,
         background: Background,
     ) -> None:
-        self.data_dir = Path(data_dir)
+        self._tenant_known = tenant_known  # has the store anything of this tenant?
         self.usage = usage
         self.limit_mb = limit_mb
         self.metrics = metrics
@@ -212,13 +210,16 @@ class WritePolicy:
             self._known.add(tenant)
 
     def known(self, tenant: str) -> bool:
-        """Whether the provider accepted this tenant's key before. A tenant with files on disk
-        was accepted by an earlier process (nothing is written for one that never was): one
-        stat per unknown tenant, then it is remembered."""
+        """Whether the provider accepted this tenant's key before. A tenant with anything
+        stored was accepted by an earlier process (nothing is written for one that never was):
+        one stat (or query) per unknown tenant, then it is remembered."""
         with self._lock:
             if tenant in self._known:
                 return True
-        if fs.lstat(self.data_dir, (tenant,)) is None:
+        try:
+            if not self._tenant_known(tenant):
+                return False
+        except OSError:  # the store is away: treat the key as new (its writes are held)
             return False
         self._accept(tenant)
         return True

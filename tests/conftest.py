@@ -39,6 +39,9 @@ SLOW_IMPORT_MODULES = frozenset({
     "tests/test_clients.py", "tests/test_litellm_e2e.py", "tests/test_litellm_route.py",
     "tests/test_secrets.py",
 })
+#: Modules whose tests share costly module or session fixtures (a PostgreSQL server, three
+#: replicas behind a balancer): each runs whole on one worker, so they start once.
+ONE_WORKER_MODULES = frozenset({"tests/test_postgres_store.py", "tests/test_scale_out.py"})
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -52,8 +55,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class SlowImportsTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.split("::", 1)[0] in SLOW_IMPORT_MODULES:
+            module = nodeid.split("::", 1)[0]
+            if module in SLOW_IMPORT_MODULES:
                 return "slow-imports"
+            if module in ONE_WORKER_MODULES:
+                return module
             return nodeid
 
     return SlowImportsTogether(config, log)

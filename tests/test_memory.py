@@ -391,7 +391,7 @@ def test_read_tool_reads_the_scopes_daily_notes_only(tmp_path: Path) -> None:
         store = MemoryFiles(db, data, fsync=False)
         store.append("t1", "default", date(2026, 12, 1), "- [2026-12-01 · session a] Lesson: X\n")
         store.append("t2", "default", date(2026, 12, 1), "- secret of t2\n")
-        tool = ReadTool(config, ToolResultStore(data, 5), store)
+        tool = ReadTool(config, ToolResultStore(data, 5), memory=store)
         args = '{"file_path": "memory/2026-12-01.md"}'
         assert "Lesson: X" in tool.run(Identity("t1", "s", None), args)
         other = tool.run(Identity("t1", "s", None, "proj"), args)

@@ -16,21 +16,32 @@ still served); an abandoned request does not wait for it.
 
 With long-term memory on (a :class:`FactsSink`), the same summarizer call also returns durable
 facts, handed to the sink (:mod:`proxy.memory`); a failure there is logged, never raised.
+
+With a store shared by many replicas (``shared``, PostgreSQL) the same history must forward the
+same bytes on every replica, so nothing a replica holds in memory decides: :meth:`state` asks
+the store on every request (one query), :meth:`obtain` claims the compaction in the store
+before calling the summarizer (a replica that finds it claimed polls for the summary instead),
+and compactions are not prepared in the background (a prepared plan lives in one replica's
+memory, and would change what that replica alone forwards). While the database is away, the
+summaries this replica used last serve from memory and a new compaction is made here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..config import CompactionConfig
+from ..errors import StoreUnavailable
 from ..lru import LRU
 from ..pipeline.model import RequestView
-from ..store.interfaces import DialogStore, Summaries
+from ..store.interfaces import DialogStore, SharedSummaries, Summaries
 from ..store.summaries import SummaryRecord, markdown_size
 from ..writes import Mode, Writes
 from .client import Complete, SummarizerClient
@@ -45,6 +56,9 @@ __all__ = ["Compactor", "FactsSink", "NullCompactor"]
 log = logging.getLogger("proxy.pipeline")
 
 FlightKey = tuple[str, str, str]  # tenant, session, chain of the last replaced message
+
+CLAIM_POLL_S = 0.05  # how often a replica waiting on another's claim looks for the summary
+CLAIM_MARGIN_S = 2.0  # a claim outlives the summarizer timeout by this much
 
 
 class FactsSink(Protocol):
@@ -66,10 +80,12 @@ class Compactor:
         client: SummarizerClient,
         windows: ContextWindows,
         facts: FactsSink | None = None,
+        shared: SharedSummaries | None = None,
     ) -> None:
         self.config = config
         self.facts = facts
         self.summaries = summaries
+        self.shared = shared
         self.archive = archive
         self.client = client
         self.windows = windows
@@ -89,6 +105,15 @@ class Compactor:
     async def state(self, request: RequestView) -> SummaryRecord | None:
         """The newest summary this history starts with; no query when the session has none."""
         tenant, session = request.identity.tenant, request.identity.session
+        if self.shared is not None:
+            try:
+                found = await asyncio.to_thread(self.shared.find_latest, tenant, session,
+                                                request.chains)
+            except StoreUnavailable:
+                return self._remembered(tenant, session, request)
+            if found is not None:
+                self._remember(found)
+            return found
         known = self.index.cached(tenant, session)
         if known is None:
             known = await asyncio.to_thread(self.index.load, tenant, session)
@@ -102,6 +127,16 @@ class Compactor:
         if rec is not None:
             self._records.put((tenant, session, chain), rec)
         return rec
+
+    def _remembered(self, tenant: str, session: str, request: RequestView) -> SummaryRecord | None:
+        """The newest summary this replica used for this history (the database is away)."""
+        known = self.index.cached(tenant, session)
+        chain = None if known is None else self.index.latest(known, request.chains)
+        return None if chain is None else self._records.get((tenant, session, chain))
+
+    def _remember(self, rec: SummaryRecord) -> None:
+        self.index.include(rec.tenant, rec.session, rec.chain)
+        self._records.put((rec.tenant, rec.session, rec.chain), rec)
 
     def prepared_plan(self, request: RequestView, summary: SummaryRecord | None) -> Plan | None:
         ident = request.identity
@@ -120,6 +155,10 @@ class Compactor:
         future: asyncio.Future[SummaryRecord] = loop.create_future()
         self._flights[key] = future
         try:
+            if self.shared is not None:
+                stored = await self._obtain_shared(self.shared, plan, request, tokens)
+                future.set_result(stored)
+                return stored
             prepared = self._prepared.take(ident.tenant, ident.session, plan)
             if prepared is not None:
                 record = await prepared
@@ -139,7 +178,44 @@ class Compactor:
         finally:
             self._flights.pop(key, None)
 
+    async def _obtain_shared(
+        self, shared: SharedSummaries, plan: Plan, request: RequestView, tokens: int
+    ) -> SummaryRecord:
+        """:meth:`obtain` across replicas: the stored summary if another replica made it,
+        else claim it and make it; while another replica holds the claim, wait for its
+        summary. A dead replica's claim expires (``summarizer_timeout_s`` + a margin); with
+        the database away the call is made here."""
+        tenant, session, chain = request.identity.tenant, request.identity.session, plan.cut_chain
+        ttl = self.config.summarizer_timeout_s + CLAIM_MARGIN_S
+        deadline = time.monotonic() + ttl
+        claimed = False
+        while True:
+            try:
+                found = await asyncio.to_thread(shared.get, tenant, session, chain)
+                if found is not None:
+                    self._remember(found)
+                    return found
+                claimed = await asyncio.to_thread(shared.claim, tenant, session, chain, ttl)
+            except StoreUnavailable:
+                break
+            if claimed or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(CLAIM_POLL_S)
+        try:
+            record = await self._summarize(plan, request, tokens)
+            record = dataclasses.replace(record, seen=len(request.chains))
+            record = await self._proven(record, plan, request)
+            stored = await self._store(record, request.writes)
+            self.compactions += 1
+            return stored
+        finally:
+            if claimed:
+                with contextlib.suppress(StoreUnavailable):
+                    await asyncio.to_thread(shared.release, tenant, session, chain)
+
     def prepare(self, plan: Plan, request: RequestView, tokens: int) -> None:
+        if self.shared is not None:
+            return  # see the module docstring: no replica-local plans with a shared store
         ident = request.identity
         if (ident.tenant, ident.session, plan.cut_chain) in self._flights:
             return
@@ -234,7 +310,12 @@ class Compactor:
             self._records.put((rec.tenant, rec.session, rec.chain), rec)
 
         if writes is None or writes.mode is Mode.NOW:
-            stored = await asyncio.to_thread(self.summaries.put, record)
+            try:
+                stored = await asyncio.to_thread(self.summaries.put, record)
+            except StoreUnavailable as exc:  # the database is away: serve it from memory
+                log.warning("summary not stored (%s); kept in memory", exc)
+                remember(record)
+                return record
             if writes is not None:
                 writes.count(markdown_size(stored))
             remember(stored)

@@ -30,6 +30,12 @@ class SummaryIndex:
         if known is not None:
             self._chains.put((tenant, session), known | {chain})
 
+    def include(self, tenant: str, session: str, chain: str) -> None:
+        """Add ``chain`` even when the session was never loaded: for a shared store, where
+        this index is only the fallback while the database is away (a partial hint)."""
+        known = self._chains.get((tenant, session)) or frozenset()
+        self._chains.put((tenant, session), known | {chain})
+
     def clear(self) -> None:
         self._chains.clear()
 

@@ -65,6 +65,11 @@ class Rounds:
                             inner[k] = inner.get(k, 0) + v
 
 
+# Awaited with what the loop did once the answer is complete, before its last byte (a shared
+# store archives the answer then, so the client's next turn finds it on any replica).
+Finish = Callable[[Rounds], Awaitable[None]] | None
+
+
 def _split_calls(msg: dict[str, Any], name: str) -> tuple[list[Any], list[Any]]:
     calls = msg.get("tool_calls")
     calls = calls if isinstance(calls, list) else []
@@ -134,7 +139,7 @@ class Reader:
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
     ) -> Rounds:
         state = Rounds()
         messages = list(body["messages"])
@@ -170,13 +175,15 @@ class Reader:
             rounds_h = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
             if settled is not None:
                 await settled()  # held writes done before the answer is complete
+            if finish is not None:
+                await finish(state)
             await send_whole(send, status, out_headers + extra + [rounds_h], final)
             return state
 
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
     ) -> Rounds:
         state = Rounds()
         raw_options = body.get("stream_options")
@@ -249,6 +256,8 @@ class Reader:
         if settled is not None:
             await settled()  # held writes done before the answer is complete
         await emit(_DONE)
+        if finish is not None:
+            await finish(state)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return state
 
@@ -395,11 +404,11 @@ class ReadLoop(Protocol):
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
     ) -> Rounds: ...
 
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
     ) -> Rounds: ...

@@ -35,7 +35,7 @@ from ..session import Identity
 from ..upstream.http import Upstream, response_headers
 from ..upstream.relay import read_whole, redact_secret
 from ..upstream.sse import SSEDecoder
-from .loop import OnStatus, Rounds, Settled
+from .loop import Finish, OnStatus, Rounds, Settled
 from .tool import ReadTool
 
 __all__ = ["ResponsesReader"]
@@ -120,7 +120,7 @@ class ResponsesReader:
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
     ) -> Rounds:
         state = Rounds()
         items = list(body.get("input") or [])
@@ -157,6 +157,8 @@ class ResponsesReader:
             tap(final)
             if settled is not None:
                 await settled()
+            if finish is not None:
+                await finish(state)
             rounds_h = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
             await send_whole(send, status, out_headers + extra + [rounds_h], final)
             return state
@@ -166,7 +168,7 @@ class ResponsesReader:
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
     ) -> Rounds:
         state = Rounds()
         view = _ClientView()
@@ -231,6 +233,8 @@ class ResponsesReader:
             break
         if settled is not None:
             await settled()
+        if finish is not None:
+            await finish(state)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return state
 

@@ -17,9 +17,9 @@ from ..pipeline.notice import parse_notice
 from ..pipeline.truncate import read_chunk
 from ..session import Identity
 from ..store import fs
-from ..store.interfaces import MemoryStore
+from ..store.backend import DiskFiles
+from ..store.interfaces import MemoryStore, Originals, SessionFiles
 from ..store.paths import DIALOG_DIR, MEMORY_DAYS_DIR, TOOL_RESULT_DIR
-from ..store.tool_results import ToolResultStore
 
 _ALLOWED = re.compile(
     rf"(?:{TOOL_RESULT_DIR}/[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}\.txt"
@@ -30,13 +30,15 @@ _ALLOWED = re.compile(
 
 class ReadTool:
     def __init__(
-        self, config: Config, store: ToolResultStore, memory: MemoryStore | None = None
+        self, config: Config, store: Originals, files: SessionFiles | None = None,
+        memory: MemoryStore | None = None,
     ) -> None:
         self.name = config.retrieval.tool_name
-        self.data_dir = Path(config.storage.data_dir)
         self.budget = config.offload.recent_max_bytes
         self.store = store
         self.memory = memory  # the memory scope's daily notes, memory/YYYY-MM-DD.md
+        # Where the archive is read from (a directory, or the shared database's rows).
+        self.files = files if files is not None else DiskFiles(Path(config.storage.data_dir))
 
     def definition(self) -> dict[str, Any]:
         return {
@@ -139,10 +141,11 @@ class ReadTool:
                 raise OffloadedFileMissing(f"{path}: no memory notes of that day")
             return found
         try:
-            data = fs.read_bytes(self.data_dir, (identity.tenant, identity.session, *path.split("/")))
+            fd, info = self.files.open(identity.tenant, identity.session, "dialog",
+                                       path[len(DIALOG_DIR) + 1 :])
         except fs.Hidden:
             raise OffloadedFileMissing(f"{path} does not exist in this conversation") from None
-        return data.decode("utf-8", "replace")
+        return b"".join(fs.iter_chunks(fd, info.st_size)).decode("utf-8", "replace")
 
 
 def _first_text(content: Any) -> str | None:

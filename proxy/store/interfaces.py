@@ -5,26 +5,49 @@
     Summaries     summary records (and their .md copies)             store.summaries
     SessionIndex  per-session counters, for /files                   store.db
     MemoryStore   long-term memory: notes, versions, pins, fold lock  store.memory
+    SessionFiles  a session's files as /files and the read tool see them   store.session_files
+    SharedSummaries  Summaries many replicas write, with claims      store.postgres.summaries
 
-The services and the pipeline's runner depend on these, never on a backend; the stages depend
-on no store at all. The backend today is files plus one SQLite database under ``data_dir``; a
-second one (a shared database for many replicas) implements the same Protocols.
+A :class:`StoreBackend` bundles one of each: :class:`proxy.store.backend.FilesBackend` (files
+plus one SQLite database under ``data_dir``, the default) or
+:class:`proxy.store.postgres.PostgresBackend` (everything in one PostgreSQL database shared by
+many replicas; ``storage.url``). The services and the pipeline's runner depend on these
+Protocols, never on a backend; the stages depend on no store at all.
+
+Adding a kind of state (long-term memory, say): a Protocol here, an attribute on both backends,
+a module in each (for PostgreSQL one more entry in ``postgres.schema.MIGRATIONS``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from .chains import DigestCacheLike
     from .db import SessionRow
     from .dialog import FileSpan, RecordResult
+    from .fs import Entry
+    from .gc import GcReport
     from .memory import FoldClaim, MemoryVersion, ScopeRow
     from .summaries import SummaryRecord
+    from .usage import DiskUsage
 
-__all__ = ["DialogStore", "MemoryStore", "Originals", "SessionIndex", "Summaries"]
+__all__ = [
+    "DialogStore",
+    "FileKind",
+    "MemoryStore",
+    "Originals",
+    "SessionFiles",
+    "SessionIndex",
+    "SharedSummaries",
+    "StoreBackend",
+    "Summaries",
+]
+
+FileKind = Literal["dialog", "tool_result", "summaries"]
 
 
 class Originals(Protocol):
@@ -111,3 +134,85 @@ class MemoryStore(Protocol):
 
     def finish_fold(self, claim: FoldClaim, text: str, *,
                     now: datetime | None = None) -> MemoryVersion | None: ...
+
+
+class SharedSummaries(Summaries, Protocol):
+    """Summaries other replicas write too: no in-memory index can be trusted, and a summarizer
+    call is claimed first so one replica makes it (see store.postgres.summaries)."""
+
+    def find_latest(self, tenant: str, session: str,
+                    chains: Sequence[str]) -> SummaryRecord | None: ...
+
+    def claim(self, tenant: str, session: str, chain: str, ttl_s: float) -> bool: ...
+
+    def claimed(self, tenant: str, session: str, chain: str) -> bool: ...
+
+    def release(self, tenant: str, session: str, chain: str) -> None: ...
+
+
+class SessionFiles(Protocol):
+    """A session's files by kind and name (``dialog/2026-12-02.jsonl``, ``tool_result/<id>.txt``,
+    ``summaries/<name>.md``), wherever the backend keeps them: for /files and the read tool."""
+
+    def exists(self, tenant: str, session: str) -> bool: ...
+
+    def listing(self, tenant: str, session: str, kind: FileKind) -> list[Entry]: ...
+
+    def open(self, tenant: str, session: str, kind: FileKind,
+             name: str) -> tuple[int, os.stat_result]:
+        """A readable descriptor (the caller closes it) and its stat; ``Hidden`` when absent."""
+        ...
+
+    def tenant_known(self, tenant: str) -> bool: ...
+
+
+class StoreBackend(Protocol):
+    """Every kind of state of one backend. ``dialog``, ``summaries`` and ``sessions`` are None
+    when the backend's index could not be opened (the proxy then forwards without them)."""
+
+    name: str
+
+    @property
+    def originals(self) -> Originals: ...
+
+    @property
+    def files(self) -> SessionFiles: ...
+
+    @property
+    def dialog(self) -> DialogStore | None: ...
+
+    @property
+    def summaries(self) -> Summaries | None: ...
+
+    @property
+    def sessions(self) -> SessionIndex | None: ...
+
+    @property
+    def memory(self) -> MemoryStore | None:
+        """Long-term memory's notes, versions, pins and fold lock (None: not on this backend)."""
+        ...
+
+    @property
+    def shared(self) -> SharedSummaries | None:
+        """Set when other replicas share the store."""
+        ...
+
+    @property
+    def failures(self) -> int:
+        """Store calls that failed because the store was unavailable (a metric)."""
+        ...
+
+    def tenant_sizes(self) -> dict[str, int]:
+        """Bytes stored per tenant, for the quota (blocking)."""
+        ...
+
+    def collect(self, usage: DiskUsage, *, dialog_ttl_days: float | None,
+                now: float | None = None) -> GcReport:
+        """Expire what is due and measure every tenant (blocking)."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether the store answers now (for /readyz; blocking, short)."""
+        ...
+
+    def close(self) -> None: ...

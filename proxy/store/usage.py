@@ -8,6 +8,7 @@ gigabytes in the hour between them. Until the first walk is done nobody is over 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from . import fs
@@ -20,8 +21,10 @@ _MB = 1024 * 1024
 class DiskUsage:
     """Bytes per tenant; thread-safe (writes happen in worker threads)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, sizes: Callable[[], dict[str, int]] | None = None) -> None:
         self.data_dir = Path(data_dir)
+        # How the figures are taken: a walk of data_dir, or the backend's own (a query).
+        self._sizes = sizes or self._walk
         self._bytes: dict[str, int] = {}
         self._during: dict[str, int] | None = None  # writes counted while a walk runs
         self._lock = threading.Lock()
@@ -34,8 +37,7 @@ class DiskUsage:
             self._during = {}
         sizes: dict[str, int] = {}
         try:
-            for tenant in fs.subdirs(self.data_dir):
-                sizes[tenant] = sum(e.size for _, e in fs.walk_files(self.data_dir, (tenant,)))
+            sizes = self._sizes()
         finally:
             with self._lock:
                 for tenant, nbytes in (self._during or {}).items():
@@ -43,6 +45,10 @@ class DiskUsage:
                 self._during = None
                 self._bytes = sizes
         return dict(sizes)
+
+    def _walk(self) -> dict[str, int]:
+        return {tenant: sum(e.size for _, e in fs.walk_files(self.data_dir, (tenant,)))
+                for tenant in fs.subdirs(self.data_dir)}
 
     def add(self, tenant: str, nbytes: int) -> None:
         if nbytes:

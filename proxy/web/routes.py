@@ -32,7 +32,8 @@ from proxy.routes import services_of
 from proxy.services import Services
 from proxy.store.db import SessionRow, format_ts
 from proxy.store.dialog_read import parse_record
-from proxy.store.fs import Hidden, iter_chunks, list_files, open_dir, open_file, valid_name
+from proxy.store.fs import Hidden, iter_chunks, valid_name
+from proxy.store.interfaces import FileKind
 from proxy.store.memory import ScopeRow
 from proxy.store.paths import MEMORY_DIR, memory_version_name
 from proxy.web import render
@@ -114,10 +115,11 @@ def _dispatch(rt: Services, caller: Caller, ask: Ask, rest: str) -> Response:
         raise _gone()
     kind, name = parts[2], parts[3]
     if kind == "dialog" and _DIALOG_NAME.fullmatch(name):
-        return _paged(rt, tenant, session, kind, name, ask, PAGE_RECORDS, render.dialog_page,
+        return _paged(rt, tenant, session, "dialog", name, ask, PAGE_RECORDS, render.dialog_page,
                       _records)
     if kind == "tool_result" and name.endswith(".txt") and valid_name(name):
-        return _paged(rt, tenant, session, kind, name, ask, PAGE_LINES, render.tool_result_page,
+        return _paged(rt, tenant, session, "tool_result", name, ask, PAGE_LINES,
+                      render.tool_result_page,
                       _lines)
     if kind == "summaries" and name.endswith(".md") and valid_name(name):
         return _summary(rt, tenant, session, name, ask)
@@ -157,7 +159,7 @@ def _index(rt: Services, caller: Caller, ask: Ask) -> dict[str, Any]:
         "url": ask.base,
         "tenant": caller.scope,
         "master": caller.master,
-        "database": rt.database is not None,
+        "database": rt.store.sessions is not None,
         "sessions": [_session_row(r, ask.base) for r in rows],
         "memory": [_scope_row(r, ask.base) for r in rt.memory.store.scopes(caller.scope)],
     }
@@ -227,19 +229,13 @@ def _known(rt: Services, tenant: str, session: str) -> SessionRow | bool:
     row = rt.sessions.session_stats(tenant, session)
     if row is not None:
         return row
-    try:
-        fd = open_dir(rt.data_dir, [tenant, session])
-    except Hidden:
-        return False
-    os.close(fd)
-    return True
+    return rt.files.exists(tenant, session)
 
 
 def _session(rt: Services, tenant: str, session: str, ask: Ask) -> dict[str, Any]:
     known = _known(rt, tenant, session)
     if known is False:
         raise _gone()
-    data_dir = rt.data_dir
     url = f"{ask.base}/{tenant}/{session}"
     history = rt.summaries.history(tenant, session)
     summaries = [
@@ -259,11 +255,11 @@ def _session(rt: Services, tenant: str, session: str, ask: Ask) -> dict[str, Any
         for rec in history
     ]
     dialogs = sorted(
-        (e for e in list_files(data_dir, [tenant, session, "dialog"], ".jsonl")
+        (e for e in rt.files.listing(tenant, session, "dialog")
          if _DIALOG_NAME.fullmatch(e.name)),
         key=lambda e: e.name,
     )
-    results = list_files(data_dir, [tenant, session, "tool_result"], ".txt")
+    results = rt.files.listing(tenant, session, "tool_result")
     return {
         "tenant": tenant,
         "session": session,
@@ -336,10 +332,10 @@ def _stream(fd: int, size: int) -> Response:
 
 
 def _open(
-    rt: Services, tenant: str, session: str, kind: str, name: str
+    rt: Services, tenant: str, session: str, kind: FileKind, name: str
 ) -> tuple[int, os.stat_result]:
     try:
-        return open_file(rt.data_dir, [tenant, session, kind, name])
+        return rt.files.open(tenant, session, kind, name)
     except Hidden as exc:
         if kind == "tool_result" and exc.absent:
             raise _expired(rt, tenant, session, name) from None
@@ -361,7 +357,7 @@ def _expired(rt: Services, tenant: str, session: str, name: str) -> NotFound:
 
 
 def _paged(
-    rt: Services, tenant: str, session: str, kind: str, name: str, ask: Ask, page: int,
+    rt: Services, tenant: str, session: str, kind: FileKind, name: str, ask: Ask, page: int,
     view: render.Page, content: Callable[[Window], dict[str, Any]],
 ) -> Response:
     """A file as raw text (whole or a window), or one page of it as HTML/JSON."""

@@ -1,0 +1,121 @@
+"""``ctxproxy migrate-storage``: copy a files + SQLite ``data_dir`` into PostgreSQL.
+
+Every row is copied as it is (chains, positions, line numbers, timestamps), so summaries' pointers
+into the archive keep their meaning; every archive line is copied with its physical line number
+(a torn line too, so the numbering a pointer uses is the one a text viewer shows). Safe to run
+again: rows that exist are left alone (``ON CONFLICT DO NOTHING``), files whose line count the
+database already holds are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .. import fs
+from ..db import Database, parse_ts
+from ..paths import DIALOG_DIR, TOOL_RESULT_DIR, db_path
+from ..summaries import SummaryStore
+from . import PgPool
+from .summaries import _COLUMNS as _SUMMARY_COLUMNS
+from .summaries import _MARKS as _SUMMARY_MARKS
+from .summaries import _row as _summary_row
+
+__all__ = ["CopyReport", "copy_data_dir"]
+
+log = logging.getLogger("proxy.store")
+
+
+@dataclass
+class CopyReport:
+    originals: int = 0
+    dialog_lines: int = 0
+    messages: int = 0
+    summaries: int = 0
+    sessions: int = 0
+
+
+def copy_data_dir(data_dir: Path, pool: PgPool) -> CopyReport:
+    report = CopyReport()
+    db = Database.in_dir(data_dir) if db_path(data_dir).exists() else None
+    try:
+        for tenant in fs.subdirs(data_dir):
+            for session in fs.subdirs(data_dir, (tenant,)):
+                _copy_originals(data_dir, pool, tenant, session, report)
+                _copy_dialog(data_dir, pool, tenant, session, report)
+        if db is not None:
+            _copy_rows(db, pool, report)
+    finally:
+        if db is not None:
+            db.close()
+    return report
+
+
+def _copy_originals(data_dir: Path, pool: PgPool, tenant: str, session: str,
+                    report: CopyReport) -> None:
+    for entry in fs.list_files(data_dir, (tenant, session, TOOL_RESULT_DIR), ".txt"):
+        data = fs.read_bytes(data_dir, (tenant, session, TOOL_RESULT_DIR, entry.name))
+        with pool.connection() as conn:
+            report.originals += conn.execute(
+                """INSERT INTO originals (tenant, session, rid, content, size, created_at)
+                   VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                (tenant, session, entry.name.removesuffix(".txt"), data, len(data),
+                 datetime.fromtimestamp(entry.mtime, UTC))).rowcount
+
+
+def _copy_dialog(data_dir: Path, pool: PgPool, tenant: str, session: str,
+                 report: CopyReport) -> None:
+    for entry in fs.list_files(data_dir, (tenant, session, DIALOG_DIR), ".jsonl"):
+        data = fs.read_bytes(data_dir, (tenant, session, DIALOG_DIR, entry.name))
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        rel = f"{DIALOG_DIR}/{entry.name}"
+        with pool.connection() as conn, conn.transaction():
+            have = conn.execute("SELECT lines FROM dialog_files WHERE tenant = %s AND "
+                                "session = %s AND file = %s", (tenant, session, rel)).fetchone()
+            if have is not None and int(have[0]) >= len(lines):
+                continue
+            conn.execute(
+                """INSERT INTO dialog_lines (tenant, session, file, line, body)
+                   SELECT %s, %s, %s, unnest(%s::int[]), unnest(%s::bytea[])
+                   ON CONFLICT DO NOTHING""",
+                (tenant, session, rel, list(range(1, len(lines) + 1)), lines))
+            conn.execute(
+                """INSERT INTO dialog_files (tenant, session, file, lines, size, updated_at)
+                   VALUES (%s, %s, %s, %s, %s, %s)
+                   ON CONFLICT (tenant, session, file) DO UPDATE SET lines = excluded.lines,
+                       size = excluded.size, updated_at = excluded.updated_at""",
+                (tenant, session, rel, len(lines), len(data),
+                 datetime.fromtimestamp(entry.mtime, UTC)))
+            report.dialog_lines += len(lines)
+
+
+def _copy_rows(db: Database, pool: PgPool, report: CopyReport) -> None:
+    with db.connect() as src:
+        messages = src.execute("SELECT tenant, session, chain, position, parent, role, file, "
+                               "line, ts FROM messages").fetchall()
+        sessions = src.execute("SELECT tenant, session, turns, tokens_in, tokens_out, "
+                               "compactions, offloads, messages, first_seen, last_seen, "
+                               "last_chain FROM sessions").fetchall()
+    summaries = [rec for t, s in {(r[0], r[1]) for r in sessions}
+                 for rec in SummaryStore(db).history(t, s)]
+    with pool.connection() as conn, conn.transaction():
+        for m in messages:
+            report.messages += conn.execute(
+                """INSERT INTO messages (tenant, session, chain, position, parent, role, file,
+                                         line, ts)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                (*tuple(m)[:8], parse_ts(m[8]))).rowcount
+        for s in sessions:
+            report.sessions += conn.execute(
+                """INSERT INTO sessions (tenant, session, turns, tokens_in, tokens_out,
+                       compactions, offloads, messages, first_seen, last_seen, last_chain)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                (*tuple(s)[:8], parse_ts(s[8]), parse_ts(s[9]), s[10])).rowcount
+        for rec in summaries:
+            report.summaries += conn.execute(
+                f"INSERT INTO summaries ({_SUMMARY_COLUMNS}) VALUES ({_SUMMARY_MARKS}) "
+                "ON CONFLICT DO NOTHING", _summary_row(rec)).rowcount

@@ -1,0 +1,166 @@
+"""The PostgreSQL schema: a registry of numbered migrations, applied at start under a lock.
+
+``ctxproxy_schema`` holds one row, the version; :data:`MIGRATIONS` ``[i]`` takes version ``i`` to
+``i + 1`` in one transaction. :func:`upgrade` takes a session-level advisory lock first, so
+replicas starting together (or ``ctxproxy db upgrade`` next to them) apply each step once: the
+others wait on the lock and then find the version current. A database newer than this code is
+refused rather than misread.
+
+Adding a kind of state (e.g. long-term memory) is one more entry appended to
+:data:`MIGRATIONS` plus its module in this package; never edit a released entry.
+
+Tables, one per kind (the module that owns it in brackets):
+  originals        offloaded tool outputs                                      [originals]
+  staged           originals of a key the provider has not accepted yet        [originals]
+  dialog_lines     the archive's lines, by virtual file dialog/YYYY-MM-DD.jsonl [dialog]
+  dialog_files     line and byte counters of those files                       [dialog]
+  messages         archive index: chain -> file and line                       [dialog]
+  summaries        summary records, first writer wins                          [summaries]
+  claims           who is making which summary (cross-replica single flight)   [summaries]
+  sessions         per-session counters for /files                              [sessions]
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import psycopg
+
+from ...errors import SchemaError
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "schema_version", "upgrade"]
+
+log = logging.getLogger("proxy.store")
+
+# Any constant: the lock only has to be the same number in every replica.
+_LOCK_KEY: Final = 0x637478_7072_6F78  # "ctxprox"
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    (
+        """CREATE TABLE originals (
+            tenant     TEXT NOT NULL,
+            session    TEXT NOT NULL,
+            rid        TEXT NOT NULL,
+            content    BYTEA NOT NULL,
+            size       INTEGER NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (tenant, session, rid)
+        )""",
+        "CREATE INDEX originals_by_time ON originals (created_at)",
+        """CREATE TABLE staged (
+            token      TEXT NOT NULL,
+            rid        TEXT NOT NULL,
+            content    BYTEA NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (token, rid)
+        )""",
+        """CREATE TABLE dialog_lines (
+            tenant  TEXT NOT NULL,
+            session TEXT NOT NULL,
+            file    TEXT NOT NULL,
+            line    INTEGER NOT NULL,
+            body    BYTEA NOT NULL,
+            PRIMARY KEY (tenant, session, file, line)
+        )""",
+        """CREATE TABLE dialog_files (
+            tenant     TEXT NOT NULL,
+            session    TEXT NOT NULL,
+            file       TEXT NOT NULL,
+            lines      INTEGER NOT NULL,
+            size       BIGINT NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (tenant, session, file)
+        )""",
+        """CREATE TABLE messages (
+            tenant   TEXT NOT NULL,
+            session  TEXT NOT NULL,
+            chain    TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            parent   TEXT,
+            role     TEXT,
+            file     TEXT NOT NULL,
+            line     INTEGER NOT NULL,
+            ts       TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (tenant, session, chain)
+        )""",
+        """CREATE TABLE summaries (
+            tenant         TEXT NOT NULL,
+            session        TEXT NOT NULL,
+            chain          TEXT NOT NULL,
+            v              INTEGER NOT NULL,
+            head           INTEGER NOT NULL,
+            upto           INTEGER NOT NULL,
+            previous_chain TEXT,
+            text           TEXT NOT NULL,
+            source         TEXT NOT NULL,
+            model          TEXT,
+            created_at     TIMESTAMPTZ NOT NULL,
+            tokens_before  INTEGER NOT NULL,
+            tokens_after   INTEGER NOT NULL,
+            span           TEXT NOT NULL,
+            seen           INTEGER NOT NULL,
+            PRIMARY KEY (tenant, session, chain)
+        )""",
+        "CREATE INDEX summaries_by_time ON summaries (created_at)",
+        """CREATE TABLE claims (
+            tenant     TEXT NOT NULL,
+            session    TEXT NOT NULL,
+            chain      TEXT NOT NULL,
+            owner      TEXT NOT NULL,
+            expires_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (tenant, session, chain)
+        )""",
+        """CREATE TABLE sessions (
+            tenant      TEXT NOT NULL,
+            session     TEXT NOT NULL,
+            turns       BIGINT NOT NULL DEFAULT 0,
+            tokens_in   BIGINT NOT NULL DEFAULT 0,
+            tokens_out  BIGINT NOT NULL DEFAULT 0,
+            compactions BIGINT NOT NULL DEFAULT 0,
+            offloads    BIGINT NOT NULL DEFAULT 0,
+            messages    BIGINT NOT NULL DEFAULT 0,
+            first_seen  TIMESTAMPTZ NOT NULL,
+            last_seen   TIMESTAMPTZ NOT NULL,
+            last_chain  TEXT,
+            PRIMARY KEY (tenant, session)
+        )""",
+        "CREATE INDEX sessions_by_last_seen ON sessions (tenant, last_seen)",
+    ),
+)
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+_BOOTSTRAP: Final = "CREATE TABLE IF NOT EXISTS ctxproxy_schema (version INTEGER NOT NULL)"
+
+
+def schema_version(conn: psycopg.Connection[Any]) -> int:
+    """The database's version (0: empty)."""
+    row = conn.execute("SELECT to_regclass('ctxproxy_schema') IS NOT NULL").fetchone()
+    if row is None or not row[0]:
+        return 0
+    got = conn.execute("SELECT version FROM ctxproxy_schema").fetchone()
+    return 0 if got is None else int(got[0])
+
+
+def upgrade(conn: psycopg.Connection[Any], target: int = SCHEMA_VERSION) -> list[int]:
+    """Apply the missing migrations (autocommit connection); returns the versions reached."""
+    applied: list[int] = []
+    conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+    try:
+        conn.execute(_BOOTSTRAP)
+        while True:
+            version = schema_version(conn)
+            if version > SCHEMA_VERSION:
+                raise SchemaError(f"database schema version {version} is newer than this "
+                                  f"ctxproxy understands ({SCHEMA_VERSION})")
+            if version >= target:
+                return applied
+            with conn.transaction():
+                for statement in MIGRATIONS[version]:
+                    conn.execute(statement)  # constants, not input
+                conn.execute("DELETE FROM ctxproxy_schema")
+                conn.execute("INSERT INTO ctxproxy_schema (version) VALUES (%s)", (version + 1,))
+            applied.append(version + 1)
+            log.info("migrated the database to schema version %d", version + 1)
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
