@@ -27,6 +27,7 @@ from .config import Config
 from .conversation import Conversation
 from .errors import AuthRequired, ProxyError, envelope
 from .formats.chat import CHAT
+from .formats.messages import MESSAGES
 from .formats.responses import RESPONSES
 from .metrics import Metrics
 from .pipeline.model import Stage
@@ -171,6 +172,7 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
     gate = Gate(config.auth)
     chat = Conversation(CHAT)
     responses = Conversation(RESPONSES)
+    messages = Conversation(MESSAGES)
     passthrough = PassThrough()
     files = FilesApp()
     routes = [
@@ -196,6 +198,7 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
         ("POST", "/chat/completions"): chat,
         ("POST", "/v1/responses"): responses,
         ("POST", "/responses"): responses,
+        ("POST", "/v1/messages"): messages,
     }
     outer = App(Proxy(app, fast, passthrough, gate, metrics), metrics)
     return outer

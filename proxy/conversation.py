@@ -78,8 +78,9 @@ class Conversation:
         identity = resolve(header_map(scope), body, tenant=caller.tenant, history=parsed.history)
         # litellm routes translate chat completions only; other formats go to the upstream.
         params = svc.router.match(parsed.model) if fmt is CHAT else None
+        upstream, forwarder = svc.upstream_of(fmt.name)
         # The provider judges the key only when it is the client's own and goes upstream.
-        judges = not caller.gated and params is None and svc.config.upstream.api_key is None
+        judges = not caller.gated and params is None and upstream.config.api_key is None
         writes = svc.writes.for_request(
             identity.tenant, provider_judges=judges, limit_mb=caller.max_disk_mb
         )
@@ -91,7 +92,7 @@ class Conversation:
             # A history kept upstream is slimmed but never compacted here.
             chains=() if parsed.continued else parsed.message_chains(chains),
             headers=scope["headers"], writes=writes, history=parsed.history,
-            tools=parsed.tools, large=large,
+            tools=parsed.tools, large=large, api=fmt.name,
         )
         result = await svc.pipeline.run(view)
         timing_of(scope).pipeline_ms = result.elapsed_ms
@@ -119,7 +120,7 @@ class Conversation:
             work = _via_reads(reader, fmt, svc, scope, send, loop_body, extra, tap, identity,
                               rounds, writes)
         else:
-            work = svc.forwarder.forward(
+            work = forwarder.forward(
                 scope, send, "POST", fmt.subpath, out, extra=extra,
                 stream_tap=tap.stream, whole_tap=tap.whole,
                 on_status=writes.settle, before_end=writes.drain, buffer_unknown=True,
@@ -143,7 +144,7 @@ async def _via_reads(
     writes: Writes,
 ) -> None:
     """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
-    up = svc.upstream
+    up, _ = svc.upstream_of(fmt.name)
     timing_of(scope).restart()
     url = up.url(fmt.subpath, scope.get("query_string", b""))
     headers = up.request_headers(scope["headers"])

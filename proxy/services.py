@@ -3,6 +3,7 @@
     Services
       gate, metrics            who is calling; the Prometheus registry
       upstream, forwarder      the pooled client for the OpenAI-compatible upstream; relaying
+      anthropic, anthropic_forwarder   the same for the Anthropic upstream (/v1/messages)
       router                   model_list routes through litellm (imported on first use)
       originals                offloaded originals (store)
       archive                  the dialog archive service: request before forwarding, answer after
@@ -44,6 +45,7 @@ from .pipeline.offload import Offloader
 from .pipeline.runner import Pipeline
 from .pipeline.tokens import TokenCounter
 from .retrieval.loop import Reader, ReadLoop
+from .retrieval.messages_loop import MessagesReader
 from .retrieval.responses_loop import ResponsesReader
 from .retrieval.tool import ReadTool
 from .store.chains import DigestCache
@@ -106,6 +108,8 @@ class Services:
     metrics: Metrics
     upstream: Upstream
     forwarder: Forwarder
+    anthropic: Upstream
+    anthropic_forwarder: Forwarder
     router: LitellmRouter
     originals: ToolResultStore
     archive: Archive | NullArchive
@@ -120,6 +124,12 @@ class Services:
     database: Database | None  # the one that must be closed; None when it failed to open
     counters: SessionCounters | None
     gc: Periodic
+
+    def upstream_of(self, fmt: str) -> tuple[Upstream, Forwarder]:
+        """The upstream a wire format goes to: Anthropic's for Messages, else the OpenAI one."""
+        if fmt == "messages":
+            return self.anthropic, self.anthropic_forwarder
+        return self.upstream, self.forwarder
 
     @property
     def max_body(self) -> int:
@@ -153,6 +163,7 @@ class Services:
         if self.counters is not None:
             await self.counters.close()
         await self.upstream.close()
+        await self.anthropic.close()
         if self.database is not None:
             self.database.close()
 
@@ -216,6 +227,9 @@ async def open_services(
     background = Background()
     upstream = Upstream(config.upstream, forward_client_key=not gate.closed)
     await upstream.start()
+    anthropic = Upstream(config.anthropic, forward_client_key=not gate.closed,
+                         key_header="x-api-key")
+    await anthropic.start()
     router = LitellmRouter(
         [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
     )
@@ -236,6 +250,7 @@ async def open_services(
     summarizer = SummarizerClient(
         upstream, router, model=config.compaction.model,
         timeout_s=config.compaction.summarizer_timeout_s,
+        anthropic=anthropic, anthropic_model=config.anthropic.summarizer_model,
     )
     if db is not None:
         counters = SessionCounters(db)
@@ -264,7 +279,8 @@ async def open_services(
         tool = ReadTool(config, originals)
         rounds = config.retrieval.max_rounds
         readers = {"chat": Reader(upstream, tool, rounds),
-                   "responses": ResponsesReader(upstream, tool, rounds)}
+                   "responses": ResponsesReader(upstream, tool, rounds),
+                   "messages": MessagesReader(anthropic, tool, rounds)}
     _live_metrics(metrics, summarizer, compactor)
     # The encoding (~0.4 s) and the window map load before the port accepts requests: building
     # the encoding holds the GIL for most of that time, which would stall the event loop (and
@@ -273,7 +289,8 @@ async def open_services(
 
     services = Services(
         config=config, gate=gate, metrics=metrics, upstream=upstream,
-        forwarder=Forwarder(upstream), router=router, originals=originals, archive=archive,
+        forwarder=Forwarder(upstream), anthropic=anthropic,
+        anthropic_forwarder=Forwarder(anthropic), router=router, originals=originals, archive=archive,
         summaries=summaries, sessions=sessions, compactor=compactor, pipeline=pipeline,
         readers=readers, writes=writes, usage=usage, background=background, database=db,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
