@@ -118,7 +118,7 @@ class Conversation:
         elif reads and reader is not None:
             loop_body = reader.with_tool(orjson.loads(out))
             work = _via_reads(reader, fmt, svc, scope, send, loop_body, extra, tap, identity,
-                              rounds, writes)
+                              rounds, writes, out)
         else:
             work = forwarder.forward(
                 scope, send, "POST", fmt.subpath, out, extra=extra,
@@ -141,7 +141,7 @@ class Conversation:
 async def _via_reads(
     reader: ReadLoop, fmt: Format, svc: Services, scope: Scope, send: Send,
     body: dict[str, Any], extra: Headers, tap: Tap, identity: Identity, rounds: Rounds,
-    writes: Writes,
+    writes: Writes, raw: bytes,
 ) -> None:
     """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
     up, _ = svc.upstream_of(fmt.name)
@@ -150,10 +150,10 @@ async def _via_reads(
     headers = up.request_headers(scope["headers"])
     if body.get("stream") is True:
         done = await reader.stream(send, body, url, headers, extra, identity, tap.stream,
-                                   on_status=writes.settle, settled=writes.drain)
+                                   on_status=writes.settle, settled=writes.drain, raw=raw)
     else:
         done = await reader.non_stream(send, body, url, headers, extra, identity, tap.whole,
-                                       on_status=writes.settle, settled=writes.drain)
+                                       on_status=writes.settle, settled=writes.drain, raw=raw)
     timing_of(scope).mark()
     rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
 

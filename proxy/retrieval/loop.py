@@ -134,7 +134,7 @@ class Reader:
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
         messages = list(body["messages"])
@@ -176,7 +176,7 @@ class Reader:
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
         raw_options = body.get("stream_options")
@@ -386,7 +386,9 @@ def _drop_calls(choice: dict[str, Any], theirs: list[Any]) -> None:
 
 class ReadLoop(Protocol):
     """A read-tool loop for one wire format (this module's :class:`Reader` for chat
-    completions, :class:`~proxy.retrieval.responses_loop.ResponsesReader`, ...)."""
+    completions, :class:`~proxy.retrieval.responses_loop.ResponsesReader`, ...). ``body`` is
+    the request with the tool (:meth:`with_tool`); ``raw``, the bytes it was read from, for a
+    loop that must send what it did not change byte for byte (Messages: signed thinking)."""
 
     def needed(self, messages: Sequence[Any]) -> bool: ...
 
@@ -395,11 +397,11 @@ class ReadLoop(Protocol):
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, raw: bytes | None = None,
     ) -> Rounds: ...
 
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, raw: bytes | None = None,
     ) -> Rounds: ...

@@ -30,6 +30,7 @@ from yarl import URL
 
 from ..asgi import Headers, send_whole
 from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from ..formats import json
 from ..formats.messages_answer import MessagesAssembler
 from ..session import Identity
 from ..upstream.http import Upstream, response_headers
@@ -103,32 +104,26 @@ class MessagesReader:
         return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
 
     async def _post(
-        self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any], on_status: OnStatus
+        self, url: URL, headers: list[tuple[str, str]], req: bytes, on_status: OnStatus
     ) -> aiohttp.ClientResponse:
-        resp = await self.upstream.send("POST", url, headers, orjson.dumps(req))
+        resp = await self.upstream.send("POST", url, headers, req)
         if on_status is not None:
             await on_status(resp.status)
         return resp
 
-    @staticmethod
-    def _next(
-        body: dict[str, Any], messages: list[Any], content: list[Any],
-        results: list[dict[str, Any]],
-    ) -> dict[str, Any]:
-        messages += [{"role": "assistant", "content": content},
-                     {"role": "user", "content": results}]
-        return {**body, "messages": messages}
+    def _encoder(self, body: dict[str, Any], raw: bytes | None) -> _Encoder:
+        return _Encoder(body, raw, self.definition())
 
     # -- not streaming ---------------------------------------------------------------------
 
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
-        messages = list(body.get("messages") or [])
-        req = body
+        encoder = self._encoder(body, raw)
+        req = encoder.request()
         while True:
             last = state.rounds > self.max_rounds
             resp = await self._post(url, headers, req, on_status)
@@ -147,7 +142,7 @@ class MessagesReader:
                 results = await self._results(identity, ours, state.rounds, settled)
                 state.internal += [{"role": "assistant", "content": content},
                                    {"role": "user", "content": results}]
-                req = self._next(body, messages, content, results)
+                req = encoder.request(content, results)
                 state.rounds += 1
                 continue
             if state.rounds == 0 and not ours:
@@ -171,12 +166,12 @@ class MessagesReader:
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
         seen = [0]  # content blocks the client has seen, over all rounds
-        messages = list(body.get("messages") or [])
-        req = body
+        encoder = self._encoder(body, raw)
+        req = encoder.request()
         started = False
 
         async def emit(chunk: bytes) -> None:
@@ -230,7 +225,7 @@ class MessagesReader:
                 results = await self._results(identity, ours, state.rounds, settled)
                 state.internal += [{"role": "assistant", "content": content},
                                    {"role": "user", "content": results}]
-                req = self._next(body, messages, content, results)
+                req = encoder.request(content, results)
                 state.rounds += 1
                 continue
             for out in rnd.finish(state.usage, bool(ours) and not theirs):
@@ -240,6 +235,41 @@ class MessagesReader:
             await settled()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return state
+
+
+class _Encoder:
+    """Each round's request bytes: the client's body as it was forwarded, byte for byte (its
+    signed thinking blocks included), the read tool appended to ``tools``, and the internal
+    rounds' messages appended to ``messages``."""
+
+    def __init__(self, body: dict[str, Any], raw: bytes | None, tool: dict[str, Any]) -> None:
+        self.body = body
+        self.raw = raw
+        self.tool = tool
+        self.added: list[bytes] = []
+
+    def request(
+        self, content: list[Any] | None = None, results: list[dict[str, Any]] | None = None
+    ) -> bytes:
+        if content is not None and results is not None:
+            self.added += [json.dumps({"role": "assistant", "content": content}),
+                           json.dumps({"role": "user", "content": results})]
+        if self.raw is None:
+            messages = [*(self.body.get("messages") or []), *map(orjson.loads, self.added)]
+            return orjson.dumps({**self.body, "messages": messages})
+        members = json.members(self.raw)
+        replace: dict[str, json.RawJSON] = {}
+        tools = members.get("tools")
+        given = orjson.loads(bytes(tools)) if tools is not None else None
+        if not isinstance(given, list):
+            replace["tools"] = json.join_array([json.dumps(self.tool)])
+        elif not any(isinstance(t, dict) and t.get("name") == self.tool["name"] for t in given):
+            assert tools is not None
+            replace["tools"] = json.join_array([*json.array_items(tools), json.dumps(self.tool)])
+        if self.added:
+            replace["messages"] = json.join_array(
+                [*json.array_items(members["messages"]), *self.added])
+        return json.splice(members, replace)
 
 
 class _Round:

@@ -120,7 +120,7 @@ class ResponsesReader:
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
         items = list(body.get("input") or [])
@@ -166,7 +166,7 @@ class ResponsesReader:
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
-        on_status: OnStatus = None, settled: Settled = None,
+        on_status: OnStatus = None, settled: Settled = None, raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
         view = _ClientView()
