@@ -1,10 +1,12 @@
 """Proxy overhead: small requests direct to the fake upstream vs through ctxproxy, interleaved.
 
-    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32]
+    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32] [--api messages]
 
 Starts the fake upstream and ctxproxy as separate processes on loopback and drives both with
 wrk (Debian package `wrk`), alternating direct and proxied runs so machine noise hits both alike.
-Prints req/s, p50 and p99 per mode and the through-proxy / direct ratio.
+Prints req/s, p50 and p99 per mode and the through-proxy / direct ratio. ``--api messages``
+sends small Anthropic Messages requests (``/v1/messages``, to the proxy's Anthropic upstream)
+instead of chat completions; the bare aiohttp pass-through serves chat only, so it is left out.
 """
 
 from __future__ import annotations
@@ -27,10 +29,19 @@ from proxy.testing.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}
+MESSAGES_BODY = {"model": "claude-haiku-4-5", "max_tokens": 64,
+                 "messages": [{"role": "user", "content": "Say hi."}]}
 LUA = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer sk-bench"
+wrk.body = [[%s]]
+"""
+MESSAGES_LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["x-api-key"] = "sk-ant-bench"
+wrk.headers["anthropic-version"] = "2023-06-01"
 wrk.body = [[%s]]
 """
 
@@ -82,7 +93,10 @@ def main() -> None:
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--connections", type=int, default=32, help="for throughput")
     ap.add_argument("--latency-connections", type=int, default=1, help="for unsaturated latency")
+    ap.add_argument("--api", choices=("chat", "messages"), default="chat",
+                    help="chat completions, or Anthropic Messages requests")
     args = ap.parse_args()
+    messages = args.api == "messages"
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
 
@@ -95,6 +109,7 @@ def main() -> None:
     cfg = tmp / "config.yaml"
     cfg.write_text(
         f"upstream: {{base_url: 'http://127.0.0.1:{fake_port}/v1'}}\n"
+        f"anthropic: {{base_url: 'http://127.0.0.1:{fake_port}'}}\n"
         f"storage: {{data_dir: '{tmp / 'data'}'}}\n"
     )
     env = {**os.environ}
@@ -108,16 +123,23 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{proxy_port}/healthz")
         wait_http(f"http://127.0.0.1:{bare_port}/")
         scripts = {}
-        for name, body in (("small", BODY), ("stream", {**BODY, "stream": True,
-                                                         "stream_options": {"include_usage": True}})):
+        kinds: tuple[tuple[str, dict[str, object]], ...] = (
+            ("small", BODY), ("stream", {**BODY, "stream": True,
+                                         "stream_options": {"include_usage": True}}))
+        if messages:
+            kinds = (("small", MESSAGES_BODY), ("stream", {**MESSAGES_BODY, "stream": True}))
+        for name, body in kinds:
             path = tmp / f"{name}.lua"
-            path.write_text(LUA % orjson.dumps(body).decode())
+            path.write_text((MESSAGES_LUA if messages else LUA) % orjson.dumps(body).decode())
             scripts[name] = path
+        route = "/v1/messages" if messages else "/v1/chat/completions"
         targets = {
-            "direct": f"http://127.0.0.1:{fake_port}/v1/chat/completions",
-            "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
-            "proxy": f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+            "direct": f"http://127.0.0.1:{fake_port}{route}",
+            "bare": f"http://127.0.0.1:{bare_port}{route}",
+            "proxy": f"http://127.0.0.1:{proxy_port}{route}",
         }
+        if messages:
+            del targets["bare"]
         tput: dict[tuple[str, str], list[dict[str, float]]] = {}
         lat: dict[tuple[str, str], list[dict[str, float]]] = {}
         for script in scripts.values():  # warm-up
@@ -132,7 +154,8 @@ def main() -> None:
                     lat.setdefault((kind, mode), []).append(
                         wrk(target, script, args.duration, args.latency_connections)
                     )
-        print(f"# {args.rounds} rounds x {args.duration}s each, interleaved; wrk 1 thread; "
+        print(f"# {args.api}: {route}; {args.rounds} rounds x {args.duration}s each, interleaved; "
+              "wrk 1 thread; "
               f"{os.cpu_count()} cores shared by wrk, proxy and upstream")
         print(f"# throughput at {args.connections} connections; latency at "
               f"{args.latency_connections} connection(s); medians over rounds")
@@ -150,11 +173,12 @@ def main() -> None:
                 print(f"{kind:8} {mode:7} {row[mode]['rps']:9.0f} {row[mode]['p50']:8.2f} "
                       f"{row[mode]['p99']:8.2f} {errs:6.0f}")
             d = row["direct"]
-            for mode in ("bare", "proxy"):
+            for mode in [m for m in ("bare", "proxy") if m in row]:
                 print(f"{kind:8} {mode:7} ratio {row[mode]['rps'] / d['rps']:.2f}x direct, "
                       f"p50 +{row[mode]['p50'] - d['p50']:.2f} ms, p99 +{row[mode]['p99'] - d['p99']:.2f} ms")
-            print(f"{kind:8} proxy   vs bare aiohttp pass-through: "
-                  f"{row['proxy']['rps'] / row['bare']['rps']:.2f}x throughput")
+            if "bare" in row:
+                print(f"{kind:8} proxy   vs bare aiohttp pass-through: "
+                      f"{row['proxy']['rps'] / row['bare']['rps']:.2f}x throughput")
     finally:
         for p in (proxy, bare, fake):
             p.terminate()

@@ -291,7 +291,7 @@ class AuthConfig(_Section):
     allow_unauthenticated: bool = Field(
         False,
         description="Listen beyond loopback without auth.keys even though upstream.api_key (or "
-        "a model_list route's api_key) is set: anyone who reaches the port spends that key. "
+        "anthropic.api_key, or a model_list route's api_key) is set: anyone who reaches the port spends that key. "
         "Off: such a configuration refuses to start.",
     )
 

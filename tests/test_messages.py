@@ -256,6 +256,16 @@ def test_the_configured_key_goes_as_x_api_key(make_proxy: ProxyFactory, fake: Fa
     assert rec.headers["x-api-key"] == "sk-ant-operator" and "authorization" not in rec.headers
 
 
+def test_an_exposed_anthropic_key_needs_auth() -> None:
+    from proxy.config import config_from_mapping, exposure_problem
+
+    exposed = {"server": {"host": "0.0.0.0"}, "anthropic": {"api_key": "sk-ant-op"}}
+    problem = exposure_problem(config_from_mapping(exposed))
+    assert problem is not None and "anthropic.api_key" in problem
+    assert exposure_problem(config_from_mapping(
+        {**exposed, "auth": {"keys": [{"key": "k1", "tenant": "team"}]}})) is None
+
+
 def test_a_session_comes_from_claude_codes_metadata() -> None:
     meta = {"metadata": {"user_id": orjson.dumps({"device_id": "d", "session_id": "abc-1"}).decode()}}
     assert resolve({}, meta).session == "abc-1"
