@@ -1,12 +1,13 @@
 """Proxy overhead: small requests direct to the fake upstream vs through ctxproxy, interleaved.
 
-    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32] [--api messages]
+    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32] [--api both]
 
 Starts the fake upstream and ctxproxy as separate processes on loopback and drives both with
 wrk (Debian package `wrk`), alternating direct and proxied runs so machine noise hits both alike.
 Prints req/s, p50 and p99 per mode and the through-proxy / direct ratio. ``--api messages``
 sends small Anthropic Messages requests (``/v1/messages``, to the proxy's Anthropic upstream)
-instead of chat completions; the bare aiohttp pass-through serves chat only, so it is left out.
+instead of chat completions, ``--api both`` both kinds interleaved in one run (``msg`` and
+``msgstream`` rows); the bare aiohttp pass-through serves chat only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -93,10 +95,9 @@ def main() -> None:
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--connections", type=int, default=32, help="for throughput")
     ap.add_argument("--latency-connections", type=int, default=1, help="for unsaturated latency")
-    ap.add_argument("--api", choices=("chat", "messages"), default="chat",
-                    help="chat completions, or Anthropic Messages requests")
+    ap.add_argument("--api", choices=("chat", "messages", "both"), default="chat",
+                    help="chat completions, Anthropic Messages, or both interleaved")
     args = ap.parse_args()
-    messages = args.api == "messages"
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
 
@@ -122,47 +123,47 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{fake_port}/v1/models")
         wait_http(f"http://127.0.0.1:{proxy_port}/healthz")
         wait_http(f"http://127.0.0.1:{bare_port}/")
-        scripts = {}
-        kinds: tuple[tuple[str, dict[str, object]], ...] = (
-            ("small", BODY), ("stream", {**BODY, "stream": True,
-                                         "stream_options": {"include_usage": True}}))
-        if messages:
-            kinds = (("small", MESSAGES_BODY), ("stream", {**MESSAGES_BODY, "stream": True}))
-        for name, body in kinds:
+        scripts: dict[str, Path] = {}
+        targets: dict[str, dict[str, str]] = {}  # request kind -> mode -> URL
+        kinds: list[tuple[str, Any, str]] = []
+        if args.api in ("chat", "both"):
+            kinds += [("small", BODY, LUA), ("stream", {**BODY, "stream": True,
+                       "stream_options": {"include_usage": True}}, LUA)]
+        if args.api in ("messages", "both"):
+            kinds += [("msg", MESSAGES_BODY, MESSAGES_LUA),
+                      ("msgstream", {**MESSAGES_BODY, "stream": True}, MESSAGES_LUA)]
+        for name, body, lua in kinds:
             path = tmp / f"{name}.lua"
-            path.write_text((MESSAGES_LUA if messages else LUA) % orjson.dumps(body).decode())
+            path.write_text(lua % orjson.dumps(body).decode())
             scripts[name] = path
-        route = "/v1/messages" if messages else "/v1/chat/completions"
-        targets = {
-            "direct": f"http://127.0.0.1:{fake_port}{route}",
-            "bare": f"http://127.0.0.1:{bare_port}{route}",
-            "proxy": f"http://127.0.0.1:{proxy_port}{route}",
-        }
-        if messages:
-            del targets["bare"]
+            route = "/v1/messages" if lua is MESSAGES_LUA else "/v1/chat/completions"
+            targets[name] = {"direct": f"http://127.0.0.1:{fake_port}{route}",
+                             "proxy": f"http://127.0.0.1:{proxy_port}{route}"}
+            if lua is LUA:  # the bare pass-through serves chat completions only
+                targets[name]["bare"] = f"http://127.0.0.1:{bare_port}{route}"
         tput: dict[tuple[str, str], list[dict[str, float]]] = {}
         lat: dict[tuple[str, str], list[dict[str, float]]] = {}
-        for script in scripts.values():  # warm-up
-            for target in targets.values():
+        for kind, script in scripts.items():  # warm-up
+            for target in targets[kind].values():
                 wrk(target, script, 1, args.connections)
         for _ in range(args.rounds):
             for kind, script in scripts.items():
-                for mode, target in targets.items():
+                for mode, target in targets[kind].items():
                     tput.setdefault((kind, mode), []).append(
                         wrk(target, script, args.duration, args.connections)
                     )
                     lat.setdefault((kind, mode), []).append(
                         wrk(target, script, args.duration, args.latency_connections)
                     )
-        print(f"# {args.api}: {route}; {args.rounds} rounds x {args.duration}s each, interleaved; "
+        print(f"# {args.api}; {args.rounds} rounds x {args.duration}s each, interleaved; "
               "wrk 1 thread; "
               f"{os.cpu_count()} cores shared by wrk, proxy and upstream")
         print(f"# throughput at {args.connections} connections; latency at "
               f"{args.latency_connections} connection(s); medians over rounds")
-        print(f"{'request':8} {'mode':7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+        print(f"{'request':9} {'mode':7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
         for kind in scripts:
             row: dict[str, dict[str, float]] = {}
-            for mode in targets:
+            for mode in targets[kind]:
                 t, lt = tput[(kind, mode)], lat[(kind, mode)]
                 row[mode] = {
                     "rps": statistics.median(r["rps"] for r in t),
@@ -170,14 +171,14 @@ def main() -> None:
                     "p99": statistics.median(r["p99"] for r in lt),
                 }
                 errs = sum(r["non2xx"] + r["sock_errors"] for r in t + lt)
-                print(f"{kind:8} {mode:7} {row[mode]['rps']:9.0f} {row[mode]['p50']:8.2f} "
+                print(f"{kind:9} {mode:7} {row[mode]['rps']:9.0f} {row[mode]['p50']:8.2f} "
                       f"{row[mode]['p99']:8.2f} {errs:6.0f}")
             d = row["direct"]
             for mode in [m for m in ("bare", "proxy") if m in row]:
-                print(f"{kind:8} {mode:7} ratio {row[mode]['rps'] / d['rps']:.2f}x direct, "
+                print(f"{kind:9} {mode:7} ratio {row[mode]['rps'] / d['rps']:.2f}x direct, "
                       f"p50 +{row[mode]['p50'] - d['p50']:.2f} ms, p99 +{row[mode]['p99'] - d['p99']:.2f} ms")
             if "bare" in row:
-                print(f"{kind:8} proxy   vs bare aiohttp pass-through: "
+                print(f"{kind:9} proxy   vs bare aiohttp pass-through: "
                       f"{row['proxy']['rps'] / row['bare']['rps']:.2f}x throughput")
     finally:
         for p in (proxy, bare, fake):

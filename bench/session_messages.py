@@ -11,7 +11,8 @@ thinking block with its signature in every assistant turn, Claude Code's moving 
 the last block). Each client resends its whole history every turn. Prints, per format, the
 tokens the client sent and forwarded, the largest forwarded request, summarizer calls, turn
 latency and prefix stability (the share of each forwarded request that the next one repeats,
-whole blocks: tools, system, then messages).
+whole blocks: tools, system, then messages; cache_control markers left out, since they are
+not part of the cached prefix).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ FOLLOW_UPS = [
 
 
 def anthropic_tools() -> list[dict[str, Any]]:
+    tools: list[dict[str, Any]] = TOOLS
     return [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
-             "input_schema": t["function"]["parameters"]} for t in TOOLS]
+             "input_schema": t["function"]["parameters"]} for t in tools]
 
 
 class Model:
@@ -112,7 +114,18 @@ async def drive_messages(url: str, model: ScriptedModel, max_turns: int = 500) -
     return figures
 
 
+def _unmarked(value: Any) -> Any:
+    """``value`` without cache_control: a marker is not part of the prefix the provider caches
+    (Claude Code moves its marker to the newest message every turn)."""
+    if isinstance(value, dict):
+        return {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_unmarked(v) for v in value]
+    return value
+
+
 def units(body: dict[str, Any]) -> list[bytes]:
+    body = _unmarked(body)
     opt = orjson.OPT_SORT_KEYS
     head = [orjson.dumps(body.get("tools"), option=opt)]
     if "system" in body:
