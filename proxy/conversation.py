@@ -27,6 +27,7 @@ from .retrieval.loop import ReadLoop, Rounds
 from .routes import caller_of, header_map, services_of
 from .services import Services
 from .session import Identity, resolve
+from .upstream.relay import anthropic_error_event, sse_error_event
 from .writes import Mode, Writes
 
 __all__ = ["HUGE_BODY", "LARGE_BODY", "Conversation", "ctx_headers"]
@@ -124,6 +125,7 @@ class Conversation:
                 scope, send, "POST", fmt.subpath, out, extra=extra,
                 stream_tap=tap.stream, whole_tap=tap.whole,
                 on_status=writes.settle, before_end=writes.drain, buffer_unknown=True,
+                error_event=anthropic_error_event if fmt.name == "messages" else sse_error_event,
             )
         disconnected = False
         try:

@@ -219,9 +219,26 @@ def test_bad_input_gets_a_400(proxy: ServerThread, fake: FakeUpstream) -> None:
                             "messages[0].content"),
                            ({"model": MODEL, "messages": [], "system": 5}, "system")]:
         r = post(proxy, payload)
-        assert r.status_code == 400 and r.json()["error"]["param"] == param
+        assert r.status_code == 400 and f"'{param}'" in r.json()["error"]["message"]
+        # Anthropic's envelope: what Claude Code and the anthropic SDK read.
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     assert post(proxy, b"{nope").status_code == 400
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-bad", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model=MODEL, max_tokens=10, messages="nope")  # type: ignore[arg-type]
+    assert "'messages'" in err.value.message
     assert not fake.received
+
+
+def test_a_stream_that_breaks_ends_with_anthropics_error_event(
+    proxy: ServerThread, fake: FakeUpstream
+) -> None:
+    fake.script(Reply(content="partial answer " * 20, break_after_events=4))
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-b", max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as err:  # noqa: PT012
+        with client.messages.stream(model=MODEL, max_tokens=64, messages=[user("hi")]) as s:  # type: ignore[list-item]
+            s.until_done()
+    assert "upstream stream broke off" in str(err.value)
 
 
 def test_count_tokens_and_other_subpaths_pass_through(

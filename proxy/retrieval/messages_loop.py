@@ -34,7 +34,7 @@ from ..formats import json
 from ..formats.messages_answer import MessagesAssembler
 from ..session import Identity
 from ..upstream.http import Upstream, response_headers
-from ..upstream.relay import read_whole, redact_secret
+from ..upstream.relay import anthropic_error_event, read_whole, redact_secret
 from ..upstream.sse import SSEDecoder
 from .loop import OnStatus, Rounds, Settled
 from .tool import ReadTool
@@ -211,8 +211,7 @@ class MessagesReader:
                 if not started:
                     raise
                 log.warning("read round failed: %s", exc.message)
-                await emit(_event("error", {"type": "error", "error": {
-                    "type": "api_error", "message": exc.message}}))
+                await emit(anthropic_error_event(exc.message, exc.code or "upstream_error"))
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return state
             state.add_usage(rnd.usage())
