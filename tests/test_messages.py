@@ -566,7 +566,8 @@ def histories(draw: st.DrawFn) -> list[dict[str, Any]]:
             results = [{"type": "tool_result", "tool_use_id": f"c{n}_{c}",
                         "content": f"out {n} {c}\n" * (draw(st.sampled_from([10, 3000, 70000])) // 10)}
                        for c in range(calls)]
-            if draw(st.booleans()):
+            marked = sum("cache_control" in b for m in messages for b in m["content"])
+            if marked < 3 and draw(st.booleans()):  # a valid client: at most 4 with system's
                 results[-1]["cache_control"] = {"type": "ephemeral"}
             messages += [{"role": "assistant", "content": blocks},
                          {"role": "user", "content": results}]
