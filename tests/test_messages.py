@@ -273,6 +273,19 @@ def test_the_configured_key_goes_as_x_api_key(make_proxy: ProxyFactory, fake: Fa
     assert rec.headers["x-api-key"] == "sk-ant-operator" and "authorization" not in rec.headers
 
 
+def test_behind_auth_keys_the_proxys_key_never_reaches_anthropic(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    srv = make_proxy({"anthropic": {"api_key": "sk-ant-operator"},
+                      "auth": {"keys": [{"key": "team-key", "tenant": "team"}]}})
+    r = post(srv, body([user("hi")]), key="wrong")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert not fake.received
+    assert post(srv, body([user("hi")]), key="team-key").status_code == 200
+    assert fake.received[-1].headers["x-api-key"] == "sk-ant-operator"
+    assert "team-key" not in str(fake.received[-1].raw_headers)
+
+
 def test_an_exposed_anthropic_key_needs_auth() -> None:
     from proxy.config import config_from_mapping, exposure_problem
 
@@ -452,6 +465,27 @@ def test_messages_and_the_streamed_answer_are_archived(
     assert [b["type"] for b in answer["content"]] == ["thinking", "text", "tool_use"]
     assert answer["content"][0]["signature"] and answer["content"][0]["thinking"] == "thinking it over"
     assert answer["content"][2]["input"] == {"command": "ls"}
+
+
+def test_the_tap_assembles_a_stream_into_the_message_the_body_would_be() -> None:
+    from proxy.formats.messages_answer import MessagesTap
+    from proxy.testing.fake_messages import message_body, message_events
+    from proxy.testing.fake_replies import Received
+
+    rec = Received("POST", PATH, "", {}, [], b"{}", 0.0)
+    reply = Reply(content="two calls", reasoning="plan: é and 😀", stream_pieces=3, tool_calls=[
+        {"name": "Bash", "id": "toolu_1", "arguments": {"command": "ls -la", "n": [1, 2]}},
+        {"name": "Read", "id": "toolu_2", "arguments": {"file_path": "/x"}}])
+    req = {"model": MODEL}
+    streamed = MessagesTap()
+    for event in message_events(rec, req, reply, 1):
+        for cut in (event[:7], event[7:]):  # events split across chunks
+            streamed.stream(cut)
+    whole = MessagesTap()
+    body = message_body(rec, req, reply, 1)
+    whole.whole(orjson.dumps(body))
+    assert streamed.answer() == whole.answer() == {"role": "assistant", "content": body["content"]}
+    assert body["content"][0]["signature"]
 
 
 # --- the anthropic SDK --------------------------------------------------------------------------
