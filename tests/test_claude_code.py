@@ -41,6 +41,8 @@ def test_a_claude_code_session_ages_and_compacts(
     compacted = [b for b in sent if any(isinstance(s, dict) and s.get("text", "").startswith(
         SUMMARY_HEADING) for s in b.get("system") or [])]
     assert compacted and any(t.get("x-ctxproxy-compacted") == "1" for t in session.turns)
+    for body in compacted:  # Claude Code's environment (in its first request) is not lost
+        assert "Primary working directory" in str(body["system"]) + str(body["messages"])
     for body in sent:
         check_pairs([m for m in body["messages"] if m["role"] != "system"])
         for m in body["messages"]:

@@ -347,6 +347,22 @@ def test_compaction_puts_the_summary_in_system_and_keeps_valid_pairs(
     assert again["system"] == system and again["messages"][: len(out)] == out
 
 
+def test_claude_codes_environment_message_survives_compaction(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    summarizing(fake)
+    srv = make_proxy({"compaction": {"context_windows": {MODEL: 8000}}})
+    messages = long_session(20)
+    env = {"role": "system", "content": "# Environment\n - Primary working directory: /repo"}
+    messages.insert(1, env)  # where Claude Code puts it (a beta it uses)
+    r = post(srv, body(messages))
+    assert r.headers["x-ctxproxy-compacted"] == "1"
+    out = model_calls(fake)[-1]["messages"]
+    assert out[0]["content"][0]["text"] == BRIDGE and out[1] == env
+    assert out[2:] == messages[len(messages) - len(out) + 2:]
+    check_pairs([m for m in out if m["role"] != "system"])
+
+
 def test_a_marker_evicted_with_its_turn_moves_to_the_summary(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:

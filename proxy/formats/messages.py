@@ -20,7 +20,8 @@ byte for byte, a cut ``tool_result`` with its new content (the block's other fie
 ``cache_control``, kept), a placeholder result the validator added for an unanswered call. An
 assistant message is never rebuilt (thinking signatures are verified by the provider): it goes
 out as sent, or not at all. What the pipeline adds as a system message (a summary) becomes a
-text block after the client's ``system`` blocks; a ``cache_control`` marker evicted with the
+text block after the client's ``system`` blocks (and ``system`` messages the client put before
+its first assistant turn, which a compaction evicted, are put back after the first kept one); a ``cache_control`` marker evicted with the
 turns it stood on moves to that block when the request has fewer than the provider's four, so
 the new prefix caches.
 """
@@ -250,6 +251,15 @@ class _Writer:
         self.sources: list[_Source] = parsed.extra["sources"]
         self.by_wire: Mapping[int, list[int]] = parsed.extra["by_wire"]
         self._raw_items: list[json.RawJSON] | None = None
+        self._raw_blocks: dict[int, list[json.RawJSON]] = {}
+
+    def raw_blocks(self, j: int) -> list[json.RawJSON]:
+        """The content blocks of wire message ``j``, each as the client wrote it."""
+        found = self._raw_blocks.get(j)
+        if found is None:
+            found = json.array_items(json.members(self.raw_item(j))["content"])
+            self._raw_blocks[j] = found
+        return found
 
     def raw_item(self, j: int) -> json.RawJSON:
         if self._raw_items is None:
@@ -291,9 +301,23 @@ class _Writer:
             wire_role = "user" if role == "tool" else str(role)
             groups.append(_Group(wire_role, src if src >= 0 else None, [(k, m)]))
         out = [self._message(g) for g in groups]
+        if added:
+            self._pin(out, groups)
         replace["messages"] = json.join_array([raw for raw, _ in out])
         if added:
             replace["system"] = self._system(added, [mk for _, found in out for mk in found])
+
+    def _pin(self, out: list[tuple[json.RawJSON, list[Any]]], groups: list[_Group]) -> None:
+        """A compaction keeps the ``system`` messages the client put before its first assistant
+        turn (Claude Code's environment: working directory, platform, date): after the first
+        kept message, as the client had them after its first request."""
+        first = next((j for j, m in enumerate(self.wire) if m.get("role") == "assistant"),
+                     len(self.wire))
+        present = {g.src for g in groups if g.src is not None}
+        lost = [j for j in range(first) if self.wire[j].get("role") in _SYSTEM_ROLES
+                and j not in present]
+        at = 1 if groups and groups[0].role == "user" else 0
+        out[at:at] = [(self.raw_item(j), list(_markers(self.wire[j]))) for j in lost]
 
     # -- one wire message ----------------------------------------------------------------------
 
@@ -335,7 +359,7 @@ class _Writer:
             block = {"type": "text", "text": content if isinstance(content, str) else ""}
             yield json.dumps(block), block
             return
-        raw_blocks = json.array_items(json.members(self.raw_item(source.wire))["content"])
+        raw_blocks = self.raw_blocks(source.wire)
         for b in source.blocks:
             block = content[b]
             if m is history[k]:
