@@ -307,6 +307,12 @@ def test_a_session_comes_from_claude_codes_metadata() -> None:
 # --- compaction --------------------------------------------------------------------------------
 
 
+def compacting(make_proxy: ProxyFactory, fake: FakeUpstream) -> ServerThread:
+    """A proxy whose window (8,000 tokens) a 20-turn session overflows; the fake summarizes."""
+    summarizing(fake)
+    return make_proxy({"compaction": {"context_windows": {MODEL: 8000}}})
+
+
 def long_session(turns: int) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [user("fix the checkout build")]
     for n in range(turns):
@@ -318,8 +324,7 @@ def long_session(turns: int) -> list[dict[str, Any]]:
 def test_compaction_puts_the_summary_in_system_and_keeps_valid_pairs(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:
-    summarizing(fake)
-    srv = make_proxy({"compaction": {"context_windows": {MODEL: 8000}}})
+    srv = compacting(make_proxy, fake)
     messages = long_session(20)
     payload = body(messages)
     r = post(srv, payload)
@@ -350,8 +355,7 @@ def test_compaction_puts_the_summary_in_system_and_keeps_valid_pairs(
 def test_claude_codes_environment_message_survives_compaction(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:
-    summarizing(fake)
-    srv = make_proxy({"compaction": {"context_windows": {MODEL: 8000}}})
+    srv = compacting(make_proxy, fake)
     messages = long_session(20)
     env = {"role": "system", "content": "# Environment\n - Primary working directory: /repo"}
     messages.insert(1, env)  # where Claude Code puts it (a beta it uses)
@@ -366,8 +370,7 @@ def test_claude_codes_environment_message_survives_compaction(
 def test_a_marker_evicted_with_its_turn_moves_to_the_summary(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:
-    summarizing(fake)
-    srv = make_proxy({"compaction": {"context_windows": {MODEL: 8000}}})
+    srv = compacting(make_proxy, fake)
     messages = long_session(20)
     marked = {"type": "ephemeral", "ttl": "5m"}
     messages[0]["content"][0]["cache_control"] = marked  # evicted by the compaction
