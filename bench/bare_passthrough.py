@@ -1,6 +1,6 @@
 """Reference point for bench/overhead.py: the barest aiohttp server + client pass-through.
 
-    python bench/bare_passthrough.py UPSTREAM_URL PORT
+    python bench/bare_passthrough.py UPSTREAM_BASE PORT   (e.g. http://127.0.0.1:8000)
 
 No parsing, no headers beyond content-type, no streaming: the ceiling any Python proxy on
 this machine can reach, so ctxproxy's ratio can be read against it.
@@ -26,7 +26,7 @@ def build(upstream: str) -> web.Application:
     async def handler(req: web.Request) -> web.StreamResponse:
         body = await req.read()
         async with app["s"].post(
-            upstream, data=body, headers={"content-type": "application/json"}
+            upstream + req.path, data=body, headers={"content-type": "application/json"}
         ) as r:
             if r.content_type == "text/event-stream":
                 out = web.StreamResponse(status=r.status, headers={"content-type": r.content_type})
@@ -39,7 +39,7 @@ def build(upstream: str) -> web.Application:
 
     app.on_startup.append(startup)
     app.on_cleanup.append(cleanup)
-    app.router.add_post("/{path:.*}", handler)  # every wire format goes to the one upstream URL
+    app.router.add_post("/{path:.*}", handler)  # any path, to the same path upstream
     return app
 
 

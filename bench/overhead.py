@@ -1,11 +1,15 @@
 """Proxy overhead: small requests direct to the fake upstream vs through ctxproxy, interleaved.
 
-    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32] [--format chat]
+    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32] [--api all]
 
 Starts the fake upstream and ctxproxy as separate processes on loopback and drives both with
 wrk (Debian package `wrk`), alternating direct and proxied runs so machine noise hits both alike.
-Prints req/s, p50 and p99 per mode and the through-proxy / direct ratio. ``--format`` picks the
-wire format of the small requests: chat completions or the Responses API.
+Prints req/s, p50 and p99 per mode and the through-proxy / direct ratio. ``--api messages``
+sends small Anthropic Messages requests (``/v1/messages``, to the proxy's Anthropic upstream)
+instead of chat completions, ``--api responses`` small OpenAI Responses requests
+(``/v1/responses``), ``--api both`` chat and Messages interleaved in one run (``msg`` and
+``msgstream`` rows), ``--api all`` the three; the bare aiohttp pass-through serves the OpenAI
+formats only.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -28,17 +33,21 @@ from proxy.testing.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}
-# For each wire format: its path, a small request, and what makes it a stream with usage.
-FORMATS: dict[str, tuple[str, dict[str, object], dict[str, object]]] = {
-    "chat": ("/v1/chat/completions", BODY,
-             {"stream": True, "stream_options": {"include_usage": True}}),
-    "responses": ("/v1/responses", {"model": "gpt-4o-mini", "store": False, "input": [
-        {"type": "message", "role": "user", "content": "Say hi."}]}, {"stream": True}),
-}
+RESPONSES_BODY = {"model": "gpt-4o-mini", "store": False,
+                  "input": [{"type": "message", "role": "user", "content": "Say hi."}]}
+MESSAGES_BODY = {"model": "claude-haiku-4-5", "max_tokens": 64,
+                 "messages": [{"role": "user", "content": "Say hi."}]}
 LUA = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer sk-bench"
+wrk.body = [[%s]]
+"""
+MESSAGES_LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["x-api-key"] = "sk-ant-bench"
+wrk.headers["anthropic-version"] = "2023-06-01"
 wrk.body = [[%s]]
 """
 
@@ -89,22 +98,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--connections", type=int, default=32, help="for throughput")
-    ap.add_argument("--format", choices=sorted(FORMATS), default="chat", help="the wire format")
     ap.add_argument("--latency-connections", type=int, default=1, help="for unsaturated latency")
+    ap.add_argument("--api", choices=("chat", "responses", "messages", "both", "all"),
+                    default="chat", help="chat completions, OpenAI Responses, Anthropic Messages, "
+                    "chat and Messages interleaved (both), or all three")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
 
-    path, body, streaming = FORMATS[args.format]
     tmp = Path(tempfile.mkdtemp(prefix="ctxbench-"))
     fake_port, proxy_port = free_port(), free_port()
     bare_port = free_port()
     fake = start([sys.executable, "-m", "proxy.testing.fake_upstream", "--port", str(fake_port)])
     bare = start([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"),
-                  f"http://127.0.0.1:{fake_port}{path}", str(bare_port)])
+                  f"http://127.0.0.1:{fake_port}", str(bare_port)])
     cfg = tmp / "config.yaml"
     cfg.write_text(
         f"upstream: {{base_url: 'http://127.0.0.1:{fake_port}/v1'}}\n"
+        f"anthropic: {{base_url: 'http://127.0.0.1:{fake_port}'}}\n"
         f"storage: {{data_dir: '{tmp / 'data'}'}}\n"
     )
     env = {**os.environ}
@@ -117,38 +128,51 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{fake_port}/v1/models")
         wait_http(f"http://127.0.0.1:{proxy_port}/healthz")
         wait_http(f"http://127.0.0.1:{bare_port}/")
-        scripts = {}
-        for name, sent in (("small", body), ("stream", {**body, **streaming})):
-            lua = tmp / f"{name}.lua"
-            lua.write_text(LUA % orjson.dumps(sent).decode())
-            scripts[name] = lua
-        targets = {
-            "direct": f"http://127.0.0.1:{fake_port}{path}",
-            "bare": f"http://127.0.0.1:{bare_port}{path}",
-            "proxy": f"http://127.0.0.1:{proxy_port}{path}",
-        }
+        scripts: dict[str, Path] = {}
+        targets: dict[str, dict[str, str]] = {}  # request kind -> mode -> URL
+        kinds: list[tuple[str, Any, str]] = []
+        if args.api in ("chat", "both", "all"):
+            kinds += [("small", BODY, LUA), ("stream", {**BODY, "stream": True,
+                       "stream_options": {"include_usage": True}}, LUA)]
+        if args.api in ("responses", "all"):
+            kinds += [("resp", RESPONSES_BODY, LUA), ("respstream",
+                       {**RESPONSES_BODY, "stream": True}, LUA)]
+        if args.api in ("messages", "both", "all"):
+            kinds += [("msg", MESSAGES_BODY, MESSAGES_LUA),
+                      ("msgstream", {**MESSAGES_BODY, "stream": True}, MESSAGES_LUA)]
+        for name, body, lua in kinds:
+            path = tmp / f"{name}.lua"
+            path.write_text(lua % orjson.dumps(body).decode())
+            scripts[name] = path
+            route = ("/v1/messages" if lua is MESSAGES_LUA else
+                     "/v1/responses" if name.startswith("resp") else "/v1/chat/completions")
+            targets[name] = {"direct": f"http://127.0.0.1:{fake_port}{route}",
+                             "proxy": f"http://127.0.0.1:{proxy_port}{route}"}
+            if lua is LUA:  # the bare pass-through serves the OpenAI formats only
+                targets[name]["bare"] = f"http://127.0.0.1:{bare_port}{route}"
         tput: dict[tuple[str, str], list[dict[str, float]]] = {}
         lat: dict[tuple[str, str], list[dict[str, float]]] = {}
-        for script in scripts.values():  # warm-up
-            for target in targets.values():
+        for kind, script in scripts.items():  # warm-up
+            for target in targets[kind].values():
                 wrk(target, script, 1, args.connections)
         for _ in range(args.rounds):
             for kind, script in scripts.items():
-                for mode, target in targets.items():
+                for mode, target in targets[kind].items():
                     tput.setdefault((kind, mode), []).append(
                         wrk(target, script, args.duration, args.connections)
                     )
                     lat.setdefault((kind, mode), []).append(
                         wrk(target, script, args.duration, args.latency_connections)
                     )
-        print(f"# {args.format} ({path}): {args.rounds} rounds x {args.duration}s each, interleaved; wrk 1 thread; "
+        print(f"# {args.api}; {args.rounds} rounds x {args.duration}s each, interleaved; "
+              "wrk 1 thread; "
               f"{os.cpu_count()} cores shared by wrk, proxy and upstream")
         print(f"# throughput at {args.connections} connections; latency at "
               f"{args.latency_connections} connection(s); medians over rounds")
-        print(f"{'request':8} {'mode':7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+        print(f"{'request':9} {'mode':7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
         for kind in scripts:
             row: dict[str, dict[str, float]] = {}
-            for mode in targets:
+            for mode in targets[kind]:
                 t, lt = tput[(kind, mode)], lat[(kind, mode)]
                 row[mode] = {
                     "rps": statistics.median(r["rps"] for r in t),
@@ -156,14 +180,15 @@ def main() -> None:
                     "p99": statistics.median(r["p99"] for r in lt),
                 }
                 errs = sum(r["non2xx"] + r["sock_errors"] for r in t + lt)
-                print(f"{kind:8} {mode:7} {row[mode]['rps']:9.0f} {row[mode]['p50']:8.2f} "
+                print(f"{kind:9} {mode:7} {row[mode]['rps']:9.0f} {row[mode]['p50']:8.2f} "
                       f"{row[mode]['p99']:8.2f} {errs:6.0f}")
             d = row["direct"]
-            for mode in ("bare", "proxy"):
-                print(f"{kind:8} {mode:7} ratio {row[mode]['rps'] / d['rps']:.2f}x direct, "
+            for mode in [m for m in ("bare", "proxy") if m in row]:
+                print(f"{kind:9} {mode:7} ratio {row[mode]['rps'] / d['rps']:.2f}x direct, "
                       f"p50 +{row[mode]['p50'] - d['p50']:.2f} ms, p99 +{row[mode]['p99'] - d['p99']:.2f} ms")
-            print(f"{kind:8} proxy   vs bare aiohttp pass-through: "
-                  f"{row['proxy']['rps'] / row['bare']['rps']:.2f}x throughput")
+            if "bare" in row:
+                print(f"{kind:9} proxy   vs bare aiohttp pass-through: "
+                      f"{row['proxy']['rps'] / row['bare']['rps']:.2f}x throughput")
     finally:
         for p in (proxy, bare, fake):
             p.terminate()

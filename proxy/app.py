@@ -27,6 +27,7 @@ from .config import Config
 from .conversation import Conversation
 from .errors import AuthRequired, ProxyError, envelope
 from .formats.chat import CHAT
+from .formats.messages import MESSAGES
 from .formats.responses import RESPONSES
 from .metrics import Metrics
 from .pipeline.model import Stage
@@ -105,6 +106,8 @@ class Proxy:
             await self.starlette(scope, receive, send)
             return
         path: str = scope["path"]
+        # Anthropic's clients read Anthropic's error envelope.
+        anthropic = path == "/v1/messages" or path.startswith("/v1/messages/")
         if path.startswith("/v1/") or path in ("/chat/completions", "/responses"):
             # The gate, before a byte of the body is read (/files asks it itself, to answer
             # browsers with a login prompt).
@@ -112,7 +115,7 @@ class Proxy:
                 caller = self._gate.caller(_key_headers(scope["headers"]))
             except AuthRequired as exc:
                 self._metrics.auth_failures.inc()
-                await send_error(send, exc)
+                await send_error(send, exc, anthropic=anthropic)
                 return
             scope.setdefault("state", {})["caller"] = caller
         endpoint = self._endpoint(scope)
@@ -133,12 +136,12 @@ class Proxy:
                 raise
             if exc.status >= 500:
                 log.warning("%s %s -> %d: %s", scope["method"], scope["path"], exc.status, exc.message)
-            await send_error(send, exc)
+            await send_error(send, exc, anthropic=anthropic)
         except Exception:
             if started:
                 raise
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            await send_error(send, ProxyError("internal proxy error"))
+            await send_error(send, ProxyError("internal proxy error"), anthropic=anthropic)
 
 
 _KEY_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key"})
@@ -174,6 +177,7 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
     gate = Gate(config.auth)
     chat = Conversation(CHAT)
     responses = Conversation(RESPONSES)
+    messages = Conversation(MESSAGES)
     passthrough = PassThrough()
     files = FilesApp()
     routes = [
@@ -200,6 +204,7 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
         ("POST", "/chat/completions"): chat,
         ("POST", "/v1/responses"): responses,
         ("POST", "/responses"): responses,
+        ("POST", "/v1/messages"): messages,
     }
     outer = App(Proxy(app, fast, passthrough, gate, metrics), metrics)
     return outer

@@ -126,8 +126,12 @@ async def send_whole(send: Send, status: int, headers: Headers, body: bytes) -> 
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def send_error(send: Send, exc: ProxyError, extra: Headers | None = None) -> None:
-    await send_whole(send, exc.status, [JSON_CT, *(extra or [])], exc.body())
+async def send_error(
+    send: Send, exc: ProxyError, extra: Headers | None = None, *, anthropic: bool = False
+) -> None:
+    """The error's envelope: OpenAI's, or Anthropic's for the clients of ``/v1/messages``."""
+    body = exc.anthropic_body() if anthropic else exc.body()
+    await send_whole(send, exc.status, [JSON_CT, *(extra or [])], body)
 
 
 async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:

@@ -84,6 +84,27 @@ class UpstreamConfig(_Section):
     )
 
 
+class AnthropicConfig(UpstreamConfig):
+    """The Anthropic upstream ``/v1/messages`` is forwarded to, natively (no translation)."""
+
+    base_url: str = Field(
+        "https://api.anthropic.com",
+        description="Anthropic Messages API base URL, without /v1 (as ANTHROPIC_BASE_URL is "
+        "written): /v1/messages and its sub-paths are forwarded below it.",
+    )
+    api_key: str | None = Field(
+        None,
+        description="Key sent upstream as x-api-key; null forwards the client's own x-api-key "
+        "(or Authorization) header.",
+    )
+    summarizer_model: str | None = Field(
+        None,
+        description="Model that summarizes Messages sessions, asked through this upstream in "
+        "Messages format with the client's key; null: the request's own model. A "
+        "compaction.model that names a model_list route takes precedence.",
+    )
+
+
 class ModelRoute(_Section):
     model_name: str = Field(description="Model name clients send that selects this route.")
     litellm_params: dict[str, Any] = Field(
@@ -337,7 +358,7 @@ class AuthConfig(_Section):
     allow_unauthenticated: bool = Field(
         False,
         description="Listen beyond loopback without auth.keys even though upstream.api_key (or "
-        "a model_list route's api_key) is set: anyone who reaches the port spends that key. "
+        "anthropic.api_key, or a model_list route's api_key) is set: anyone who reaches the port spends that key. "
         "Off: such a configuration refuses to start.",
     )
 
@@ -361,6 +382,10 @@ class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig, description="Listening socket.")
     upstream: UpstreamConfig = Field(
         default_factory=UpstreamConfig, description="The OpenAI-compatible provider."
+    )
+    anthropic: AnthropicConfig = Field(
+        default_factory=AnthropicConfig,
+        description="The Anthropic provider (/v1/messages and its sub-paths).",
     )
     model_list: tuple[ModelRoute, ...] = Field(
         (), description="Routes to non-OpenAI providers through litellm."
@@ -446,7 +471,8 @@ def exposure_problem(config: Config) -> str | None:
     if auth.keys or auth.allow_unauthenticated or is_loopback(config.server.host):
         return None
     held = [
-        name for name, present in [("upstream.api_key", config.upstream.api_key is not None)] + [
+        name for name, present in [("upstream.api_key", config.upstream.api_key is not None),
+                                   ("anthropic.api_key", config.anthropic.api_key is not None)] + [
             (f"model_list route {r.model_name!r}", "api_key" in r.litellm_params)
             for r in config.model_list
         ] if present

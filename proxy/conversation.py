@@ -27,6 +27,7 @@ from .retrieval.loop import Finish, ReadLoop, Rounds
 from .routes import caller_of, header_map, services_of
 from .services import Services
 from .session import Identity, resolve
+from .upstream.relay import anthropic_error_event, sse_error_event
 from .writes import Mode, Writes
 
 __all__ = ["HUGE_BODY", "LARGE_BODY", "Conversation", "ctx_headers"]
@@ -78,8 +79,9 @@ class Conversation:
         identity = resolve(header_map(scope), body, tenant=caller.tenant, history=parsed.history)
         # litellm routes translate chat completions only; other formats go to the upstream.
         params = svc.router.match(parsed.model) if fmt is CHAT else None
+        upstream, forwarder = svc.upstream_of(fmt.name)
         # The provider judges the key only when it is the client's own and goes upstream.
-        judges = not caller.gated and params is None and svc.config.upstream.api_key is None
+        judges = not caller.gated and params is None and upstream.config.api_key is None
         writes = svc.writes.for_request(
             identity.tenant, provider_judges=judges, limit_mb=caller.max_disk_mb
         )
@@ -91,7 +93,7 @@ class Conversation:
             # A history kept upstream is slimmed but never compacted here.
             chains=() if parsed.continued else parsed.message_chains(chains),
             headers=scope["headers"], writes=writes, history=parsed.history,
-            tools=parsed.tools, large=large,
+            tools=parsed.tools, large=large, api=fmt.name,
         )
         result = await svc.pipeline.run(view)
         timing_of(scope).pipeline_ms = result.elapsed_ms
@@ -129,13 +131,14 @@ class Conversation:
         elif reads and reader is not None:
             loop_body = reader.with_tool(orjson.loads(out))
             work = _via_reads(reader, fmt, svc, scope, send, loop_body, extra, tap, identity,
-                              rounds, writes, finish if shared else None)
+                              rounds, writes, out, finish if shared else None)
         else:
-            work = svc.forwarder.forward(
+            work = forwarder.forward(
                 scope, send, "POST", fmt.subpath, out, extra=extra,
                 stream_tap=tap.stream, whole_tap=tap.whole,
                 on_status=writes.settle, before_end=before_end if shared else writes.drain,
                 buffer_unknown=True,
+                error_event=anthropic_error_event if fmt.name == "messages" else sse_error_event,
             )
         disconnected = False
         try:
@@ -154,19 +157,20 @@ class Conversation:
 async def _via_reads(
     reader: ReadLoop, fmt: Format, svc: Services, scope: Scope, send: Send,
     body: dict[str, Any], extra: Headers, tap: Tap, identity: Identity, rounds: Rounds,
-    writes: Writes, finish: Finish = None,
+    writes: Writes, raw: bytes, finish: Finish = None,
 ) -> None:
     """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
-    up = svc.upstream
+    up, _ = svc.upstream_of(fmt.name)
     timing_of(scope).restart()
     url = up.url(fmt.subpath, scope.get("query_string", b""))
     headers = up.request_headers(scope["headers"])
     if body.get("stream") is True:
         done = await reader.stream(send, body, url, headers, extra, identity, tap.stream,
-                                   on_status=writes.settle, settled=writes.drain, finish=finish)
+                                   on_status=writes.settle, settled=writes.drain, raw=raw,
+                                   finish=finish)
     else:
         done = await reader.non_stream(send, body, url, headers, extra, identity, tap.whole,
-                                       on_status=writes.settle, settled=writes.drain,
+                                       on_status=writes.settle, settled=writes.drain, raw=raw,
                                        finish=finish)
     timing_of(scope).mark()
     rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage

@@ -60,6 +60,10 @@ class ProxyError(Exception):
     def body(self) -> bytes:
         return orjson.dumps(self.envelope())
 
+    def anthropic_body(self) -> bytes:
+        """The error in Anthropic's envelope, for the clients of ``/v1/messages``."""
+        return orjson.dumps(anthropic_envelope(self.message, self.status))
+
 
 class BadRequest(ProxyError):
     status = 400
@@ -140,6 +144,17 @@ def envelope(
     message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+# Anthropic's error type per status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
+def anthropic_envelope(message: str, status: int) -> dict[str, Any]:
+    return {"type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
 
 
 class SummarizerError(ProxyError):

@@ -81,15 +81,29 @@ def passthrough_subpath(scope: Scope, prefix: bytes = b"/v1/") -> str:
     return rest
 
 
+def is_anthropic(scope: Scope, subpath: str) -> bool:
+    """Whether a passthrough request is for the Anthropic upstream: below /v1/messages
+    (count_tokens, batches), or sent by an Anthropic client (its SDKs send anthropic-version
+    with every request, /v1/models included)."""
+    if subpath == "messages" or subpath.startswith(("messages/", "messages?")):
+        return True
+    return any(k.lower() == b"anthropic-version" for k, _ in scope["headers"])
+
+
 class PassThrough:
-    """Every other /v1/* route: forwarded raw, answered raw."""
+    """Every other /v1/* route: forwarded raw, answered raw, to the OpenAI-compatible upstream
+    or, for Anthropic's routes (:func:`is_anthropic`), to the Anthropic one."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         svc = services_of(scope)
         subpath = passthrough_subpath(scope)  # before reading the body: a refusal costs nothing
         raw = await read_body(scope, receive, svc.max_body)
-        work = svc.forwarder.forward(scope, send, scope["method"], subpath, raw,
-                                     buffer_unknown=False)
+        forwarder = svc.forwarder
+        if is_anthropic(scope, subpath):
+            # anthropic.base_url is written without /v1, as the Anthropic SDKs take it.
+            forwarder, subpath = svc.anthropic_forwarder, "v1/" + subpath
+        work = forwarder.forward(scope, send, scope["method"], subpath, raw,
+                                 buffer_unknown=False)
         if await run_until_disconnect(receive, work):
             log.info("client disconnected; upstream call cancelled (%s)", scope["path"])
 
@@ -148,6 +162,7 @@ __all__ = [
     "Ready",
     "caller_of",
     "header_map",
+    "is_anthropic",
     "passthrough_subpath",
     "services_of",
 ]

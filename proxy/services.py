@@ -3,6 +3,7 @@
     Services
       gate, metrics            who is calling; the Prometheus registry
       upstream, forwarder      the pooled client for the OpenAI-compatible upstream; relaying
+      anthropic, anthropic_forwarder   the same for the Anthropic upstream (/v1/messages)
       router                   model_list routes through litellm (imported on first use)
       store                    the storage backend (files + SQLite, or PostgreSQL)
       originals                offloaded originals (store)
@@ -47,6 +48,7 @@ from .pipeline.offload import Offloader
 from .pipeline.runner import Pipeline
 from .pipeline.tokens import TokenCounter
 from .retrieval.loop import Reader, ReadLoop
+from .retrieval.messages_loop import MessagesReader
 from .retrieval.responses_loop import ResponsesReader
 from .retrieval.tool import ReadTool
 from .store.backend import open_backend
@@ -113,6 +115,8 @@ class Services:
     metrics: Metrics
     upstream: Upstream
     forwarder: Forwarder
+    anthropic: Upstream
+    anthropic_forwarder: Forwarder
     router: LitellmRouter
     store: StoreBackend
     originals: Originals
@@ -129,6 +133,12 @@ class Services:
     background: Background
     counters: SessionCounters | None
     gc: Periodic
+
+    def upstream_of(self, fmt: str) -> tuple[Upstream, Forwarder]:
+        """The upstream a wire format goes to: Anthropic's for Messages, else the OpenAI one."""
+        if fmt == "messages":
+            return self.anthropic, self.anthropic_forwarder
+        return self.upstream, self.forwarder
 
     @property
     def max_body(self) -> int:
@@ -162,6 +172,7 @@ class Services:
         if self.counters is not None:
             await self.counters.close()
         await self.upstream.close()
+        await self.anthropic.close()
         await asyncio.to_thread(self.store.close)
 
 
@@ -215,6 +226,9 @@ async def open_services(
     background = Background()
     upstream = Upstream(config.upstream, forward_client_key=not gate.closed)
     await upstream.start()
+    anthropic = Upstream(config.anthropic, forward_client_key=not gate.closed,
+                         key_header="x-api-key")
+    await anthropic.start()
     router = LitellmRouter(
         [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
     )
@@ -240,6 +254,7 @@ async def open_services(
     summarizer = SummarizerClient(
         upstream, router, model=config.compaction.model,
         timeout_s=config.compaction.summarizer_timeout_s,
+        anthropic=anthropic, anthropic_model=config.anthropic.summarizer_model,
     )
     read_tool = config.retrieval.tool_name if config.retrieval.mode == "proxy" else None
     memory: Memory | NullMemory = NullMemory(store.memory)
@@ -271,7 +286,8 @@ async def open_services(
         tool = ReadTool(config, originals, store.files, memory.store)
         rounds = config.retrieval.max_rounds
         readers = {"chat": Reader(upstream, tool, rounds),
-                   "responses": ResponsesReader(upstream, tool, rounds)}
+                   "responses": ResponsesReader(upstream, tool, rounds),
+                   "messages": MessagesReader(anthropic, tool, rounds)}
     _live_metrics(metrics, summarizer, compactor, store)
     _memory_metrics(metrics, memory)
     # The encoding (~0.4 s) and the window map load before the port accepts requests: building
@@ -281,10 +297,12 @@ async def open_services(
 
     services = Services(
         config=config, gate=gate, metrics=metrics, upstream=upstream,
-        forwarder=Forwarder(upstream), router=router, store=store, originals=originals,
-        files=store.files, archive=archive, summaries=summaries, sessions=sessions,
-        compactor=compactor, memory=memory, pipeline=pipeline, readers=readers, writes=writes, usage=usage,
-        background=background, counters=counters, gc=Periodic(GC_INTERVAL_S),
+        forwarder=Forwarder(upstream), anthropic=anthropic,
+        anthropic_forwarder=Forwarder(anthropic), router=router, store=store,
+        originals=originals, files=store.files, archive=archive, summaries=summaries,
+        sessions=sessions, compactor=compactor, memory=memory, pipeline=pipeline,
+        readers=readers, writes=writes, usage=usage, background=background,
+        counters=counters, gc=Periodic(GC_INTERVAL_S),
     )
     services.gc.start(services.collect_garbage)
     return services

@@ -80,12 +80,35 @@ def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:
     return None
 
 
+# Claude Code before 2.1 wrote metadata.user_id as "user_<hash>_account_<uuid>_session_<uuid>".
+_USER_ID_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
+
+
+def _user_id_session(user_id: str) -> str | None:
+    """The session inside Anthropic's ``metadata.user_id`` as Claude Code writes it: a JSON
+    string holding ``session_id`` (2.1), or ending in ``_session_<uuid>`` (before)."""
+    if user_id.startswith("{"):
+        try:
+            data = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return None
+        sid = data.get("session_id") if isinstance(data, dict) else None
+        return sid if isinstance(sid, str) and sid else None
+    found = _USER_ID_SESSION.search(user_id)
+    return found[1] if found else None
+
+
 def _body_session(body: Mapping[str, Any]) -> str | None:
     meta = body.get("metadata")
     if isinstance(meta, dict):
         sid = meta.get("session_id")
         if isinstance(sid, str) and sid:
             return sid
+        user_id = meta.get("user_id")
+        if isinstance(user_id, str) and user_id:
+            sid = _user_id_session(user_id)
+            if sid is not None:
+                return sid
     for field in ("prompt_cache_key", "user"):
         value = body.get(field)
         if isinstance(value, str) and value:

@@ -92,6 +92,8 @@ def proxy_config(
     as a mapping (a section given as a dict is merged into the defaults' section)."""
     data: dict[str, Any] = {
         "upstream": {"base_url": upstream_url},
+        # The same fake speaks Anthropic's API: no test ever reaches api.anthropic.com.
+        "anthropic": {"base_url": upstream_url.removesuffix("/v1")},
         "storage": {"data_dir": str(data_dir)},
     }
     for key, value in (overrides or {}).items():

@@ -1,4 +1,10 @@
-"""The summarizer's one network call: through the request's own route, or compaction.model's."""
+"""The summarizer's one network call: through the request's own route, or compaction.model's.
+
+A Messages session (Claude Code, the anthropic SDK) is summarized by Anthropic: the Anthropic
+upstream is asked in Messages format, with the client's own key (or ``anthropic.api_key``) and
+``anthropic.summarizer_model`` (default: the request's model), so a Messages-only deployment
+needs no OpenAI key. A ``compaction.model`` that names a ``model_list`` route is used instead.
+"""
 
 from __future__ import annotations
 
@@ -22,31 +28,54 @@ class SummarizerClient:
     """Makes summarizer calls with the credentials of the request that needed them."""
 
     def __init__(
-        self, upstream: Upstream, router: LitellmRouter, *, model: str | None, timeout_s: float
+        self, upstream: Upstream, router: LitellmRouter, *, model: str | None, timeout_s: float,
+        anthropic: Upstream | None = None, anthropic_model: str | None = None,
     ) -> None:
         self.upstream = upstream
         self.router = router
         self.model = model
+        self.anthropic = anthropic
+        self.anthropic_model = anthropic_model
         self.timeout_s = timeout_s
         self.calls = 0
         self.failures = 0
 
-    def judges_key(self, request_model: str) -> bool:
+    def _anthropic(self, api: str) -> Upstream | None:
+        """The Anthropic upstream when a Messages session is summarized through it."""
+        routed = self.model is not None and self.router.match(self.model) is not None
+        return self.anthropic if api == "messages" and not routed else None
+
+    def _model(self, request_model: str, api: str) -> str:
+        if self._anthropic(api) is not None:
+            return self.anthropic_model or request_model
+        return self.model or request_model
+
+    def judges_key(self, request_model: str, *, api: str = "chat") -> bool:
         """Whether a summarizer answer for this model came with the client's own key (its
         success then proves the provider accepts that key): no route, no upstream.api_key."""
-        model = self.model or request_model
+        anthropic = self._anthropic(api)
+        if anthropic is not None:
+            return anthropic.config.api_key is None
+        model = self._model(request_model, api)
         return self.router.match(model) is None and self.upstream.config.api_key is None
 
-    def completer(self, request_model: str, headers: Sequence[tuple[bytes, bytes]]) -> Complete:
-        model = self.model or request_model
+    def completer(
+        self, request_model: str, headers: Sequence[tuple[bytes, bytes]], *, api: str = "chat"
+    ) -> Complete:
+        model = self._model(request_model, api)
+        anthropic = self._anthropic(api)
         # Keep only what authenticates the caller: the summarizer call is the proxy's own.
+        # (anthropic-beta too: an OAuth token is accepted only with its beta named.)
         kept = [(k, v) for k, v in headers if k in (b"authorization", b"x-api-key", b"api-key",
-                                                      b"openai-organization", b"openai-project")]
+                                                      b"openai-organization", b"openai-project",
+                                                      b"anthropic-version", b"anthropic-beta")]
 
         async def complete(prompt: list[dict[str, Any]]) -> str:
             self.calls += 1
+            call = (self._call(model, kept, prompt) if anthropic is None
+                    else self._call_messages(anthropic, model, kept, prompt))
             try:
-                return await asyncio.wait_for(self._call(model, kept, prompt), self.timeout_s)
+                return await asyncio.wait_for(call, self.timeout_s)
             except TimeoutError:
                 self.failures += 1
                 raise SummarizerError(f"summarizer timed out after {self.timeout_s:g} s") from None
@@ -77,6 +106,46 @@ class SummarizerClient:
                 # ("Incorrect API key provided: sk-..."), and this message is logged.
                 raise SummarizerError(f"summarizer got HTTP {resp.status}{_error_code(payload)}")
         return _content(payload)
+
+
+    async def _call_messages(
+        self, up: Upstream, model: str, headers: list[tuple[bytes, bytes]],
+        prompt: list[dict[str, Any]],
+    ) -> str:
+        """The summary from Anthropic's Messages API (the prompt's system messages as
+        ``system``, the rest as user/assistant turns)."""
+        system = "\n\n".join(str(m.get("content") or "") for m in prompt
+                              if m.get("role") in ("system", "developer"))
+        turns = [{"role": "assistant" if m.get("role") == "assistant" else "user",
+                  "content": str(m.get("content") or "")}
+                 for m in prompt if m.get("role") not in ("system", "developer")]
+        body: dict[str, Any] = {"model": model, "max_tokens": _SUMMARY_MAX_TOKENS,
+                                "messages": turns or [{"role": "user", "content": "Summarize."}]}
+        if system:
+            body["system"] = system
+        if not any(k == b"anthropic-version" for k, _ in headers):
+            headers = [*headers, (b"anthropic-version", b"2023-06-01")]
+        out = up.request_headers(headers + [(b"content-type", b"application/json")])
+        resp = await up.send("POST", up.url("v1/messages"), out, orjson.dumps(body))
+        async with resp:
+            try:
+                payload = await resp.read()
+            except Exception as exc:
+                raise UpstreamError(f"summarizer answer broke off: {type(exc).__name__}") from None
+            if resp.status != 200:
+                raise SummarizerError(f"summarizer got HTTP {resp.status}{_error_code(payload)}")
+        try:
+            data = orjson.loads(payload)
+            text = "".join(b["text"] for b in data["content"] if b.get("type") == "text")
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise SummarizerError("summarizer answer is not a Messages answer") from None
+        if not text:
+            raise SummarizerError("summarizer answer has no text")
+        return text
+
+
+# The summary's output budget on Anthropic (max_tokens is required there).
+_SUMMARY_MAX_TOKENS = 8192
 
 
 def _error_code(payload: bytes) -> str:

@@ -234,7 +234,7 @@ class Compactor:
             request.identity.session,
             list(request.messages[plan.start : plan.cut]),
             list(request.chains[plan.head : plan.cut]),
-            self.client.completer(request.model, request.headers),
+            self.client.completer(request.model, request.headers, api=request.api),
             self.config.model or request.model,
             tokens_before,
             # The verbatim user requests take at most ~5% of the window (~4 chars a token).
@@ -291,7 +291,7 @@ class Compactor:
         summary points into the archive as for any other key."""
         writes = request.writes
         if (writes is None or writes.mode is not Mode.HELD or record.source != "model"
-                or not self.client.judges_key(request.model)):
+                or not self.client.judges_key(request.model, api=request.api)):
             return record
         await writes.settle(200)
         await writes.drain()

@@ -211,6 +211,32 @@ def image_dimensions_from_data_url(url: str) -> tuple[int, int] | None:
     return size
 
 
+# Anthropic's rule (docs, "Vision": calculate image costs): an image is resized to fit a long
+# edge of 1568 px and about 1.15 megapixels, then costs width * height / 750 tokens.
+ANTHROPIC_IMAGE_DIVISOR: Final = 750
+ANTHROPIC_MAX_SIDE: Final = 1568
+ANTHROPIC_MAX_PIXELS: Final = 1_150_000
+ANTHROPIC_UNKNOWN_IMAGE: Final = 1_600  # the most an image can cost: the size is unknown
+# Base64 characters read for an image's header: a JPEG's size can sit after a large EXIF block.
+_HEADER_CHARS: Final = 256 * 1024
+
+
+def anthropic_image_tokens(source: object) -> int:
+    """Tokens of an Anthropic ``image`` block's ``source``: by its size when it is inline
+    base64 (only the header is decoded), the most an image costs otherwise."""
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        return ANTHROPIC_UNKNOWN_IMAGE
+    data = source.get("data")
+    if not isinstance(data, str):
+        return ANTHROPIC_UNKNOWN_IMAGE
+    size = image_dimensions_from_data_url("data:image;base64," + data[:_HEADER_CHARS])
+    if size is None:
+        return ANTHROPIC_UNKNOWN_IMAGE
+    w, h = float(size[0]), float(size[1])
+    scale = min(1.0, ANTHROPIC_MAX_SIDE / max(w, h), math.sqrt(ANTHROPIC_MAX_PIXELS / (w * h)))
+    return max(1, math.ceil(w * scale * h * scale / ANTHROPIC_IMAGE_DIVISOR))
+
+
 def _audio_tokens(data: object, audio_format: object) -> int:
     """Audio estimate: duration (WAV header byte rate, else 128 kbit/s) x 10 tokens/s."""
     if not isinstance(data, str) or not data:

@@ -46,6 +46,7 @@ class RequestView:
     history: Sequence[Message] | None = None  # the originals in the model; None: body messages
     tools: Sequence[Mapping[str, Any]] | None = None  # tool schemas (chat shape), for counting
     large: bool = False  # big enough that new cutting or tokenizing moves off the event loop
+    api: str = "chat"  # the wire format (proxy.formats): "chat", "responses", "messages"
 
     @property
     def messages(self) -> Sequence[Message]:

@@ -13,6 +13,7 @@ from .media import (
     FILE_REFERENCE_TOKENS,
     _audio_tokens,
     _file_data_tokens,
+    anthropic_image_tokens,
     image_dimensions_from_data_url,
     image_tokens,
 )
@@ -116,6 +117,10 @@ def _count_part(part: object, count: TextCounter) -> int:
     if kind == "refusal":
         refusal = part.get("refusal")
         return count(refusal) if isinstance(refusal, str) else 0
+    if kind == "image" and "source" in part:  # an Anthropic image block
+        return anthropic_image_tokens(part.get("source"))
+    if kind == "document" and isinstance(part.get("source"), Mapping):
+        return _count_document(part["source"], count)
     if kind in ("image_url", "input_image", "image"):
         return _count_image_part(part)
     if kind == "input_audio":
@@ -129,6 +134,18 @@ def _count_part(part: object, count: TextCounter) -> int:
     if isinstance(text, str):
         return count(text)
     return count(_compact_json({k: v for k, v in part.items() if k != "cache_control"}))
+
+
+def _count_document(source: Mapping[str, Any], count: TextCounter) -> int:
+    """An Anthropic ``document`` block: inline PDF by its pages, plain text as text."""
+    data = source.get("data")
+    if source.get("type") == "base64" and isinstance(data, str):
+        return _file_data_tokens(data)
+    if source.get("type") == "text" and isinstance(data, str):
+        return count(data)
+    if source.get("type") == "content":
+        return _count_content(source.get("content"), count)
+    return FILE_REFERENCE_TOKENS
 
 
 def _count_image_part(part: Mapping[str, Any]) -> int:

@@ -35,6 +35,13 @@ Repairs, in order of the input (indices in the repair notes refer to the input l
   "content": PLACEHOLDER}`` (legacy: ``{"role": "function", "name": name, "content":
   PLACEHOLDER}``).
 
+Anthropic Messages (``request.api == "messages"``) adds one rule: the conversation after the
+leading system block starts with a user message. A compaction whose kept suffix starts with an
+assistant turn (the agent loop is cut mid-way, so its user request is in the summary) gets a
+short user message, :data:`BRIDGE`, in front of it; everything else about pairs is the same
+(a ``tool_result`` answers a ``tool_use`` of the message right before it, which in this model is
+a tool message following its assistant message).
+
 Misplaced results are deliberately not moved to the turn of their call: with ids reused across
 turns the target would be a guess, and a placeholder is honest.
 
@@ -54,9 +61,26 @@ from .model import Message, RequestView, StageOutcome
 _log = logging.getLogger("proxy.pipeline")
 
 
-__all__ = ["PLACEHOLDER", "Validation", "is_valid", "validate"]
+__all__ = ["BRIDGE", "PLACEHOLDER", "Validation", "is_valid", "starts_with_user", "validate"]
 
 PLACEHOLDER = "[ctxproxy: no result was recorded for this call]"
+BRIDGE = ("[ctxproxy: the earlier part of this conversation is summarized in the system prompt; "
+          "continue from where it left off]")
+_LEADING = frozenset({"system", "developer"})
+
+
+def starts_with_user(messages: list[Message]) -> Validation:
+    """Messages' rule: the first message after the leading system block is not an assistant
+    turn (see the module docstring); the very list when it holds."""
+    head = 0
+    while head < len(messages) and messages[head].get("role") in _LEADING:
+        head += 1
+    first = next((m for m in messages[head:] if m.get("role") not in _LEADING), None)
+    if first is None or first.get("role") != "assistant":
+        return Validation(messages, (), False)
+    bridge = {"role": "user", "content": [{"type": "text", "text": BRIDGE}]}
+    return Validation([*messages[:head], bridge, *messages[head:]],
+                      ("inserted a user message before the first (assistant) turn",), True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,4 +254,10 @@ class ValidateStage:
         result = validate(messages)
         if result.changed:
             _log.warning("repaired the message list before forwarding: %s", "; ".join(result.repairs))
-        return StageOutcome(result.messages, result.changed, {"repairs": len(result.repairs)})
+        repairs = len(result.repairs)
+        # A history the client itself starts with an assistant turn is the provider's to judge.
+        if request.api == "messages" and not starts_with_user(list(request.messages)).changed:
+            bridged = starts_with_user(result.messages)
+            if bridged.changed:  # expected after a compaction: not a repair of the client's list
+                result = Validation(bridged.messages, result.repairs, True)
+        return StageOutcome(result.messages, result.changed, {"repairs": repairs})

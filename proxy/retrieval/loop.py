@@ -140,6 +140,7 @@ class Reader:
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
+        raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
         messages = list(body["messages"])
@@ -184,6 +185,7 @@ class Reader:
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
+        raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
         raw_options = body.get("stream_options")
@@ -395,7 +397,9 @@ def _drop_calls(choice: dict[str, Any], theirs: list[Any]) -> None:
 
 class ReadLoop(Protocol):
     """A read-tool loop for one wire format (this module's :class:`Reader` for chat
-    completions, :class:`~proxy.retrieval.responses_loop.ResponsesReader`, ...)."""
+    completions, :class:`~proxy.retrieval.responses_loop.ResponsesReader`, ...). ``body`` is
+    the request with the tool (:meth:`with_tool`); ``raw``, the bytes it was read from, for a
+    loop that must send what it did not change byte for byte (Messages: signed thinking)."""
 
     def needed(self, messages: Sequence[Any]) -> bool: ...
 
@@ -405,10 +409,12 @@ class ReadLoop(Protocol):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
+        raw: bytes | None = None,
     ) -> Rounds: ...
 
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
+        raw: bytes | None = None,
     ) -> Rounds: ...

@@ -121,6 +121,7 @@ class ResponsesReader:
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
+        raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
         items = list(body.get("input") or [])
@@ -169,6 +170,7 @@ class ResponsesReader:
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
+        raw: bytes | None = None,
     ) -> Rounds:
         state = Rounds()
         view = _ClientView()

@@ -8,7 +8,7 @@ from starlette.types import Scope, Send
 
 from ..asgi import timing_of
 from .http import Upstream, response_headers
-from .relay import relay_buffered, relay_stream
+from .relay import relay_buffered, relay_stream, sse_error_event
 
 __all__ = ["Forwarder"]
 
@@ -36,6 +36,7 @@ class Forwarder:
         on_status: Callable[[int], Awaitable[None]] | None = None,
         before_end: Callable[[], Awaitable[None]] | None = None,
         buffer_unknown: bool,
+        error_event: Callable[[str, str], bytes] = sse_error_event,
     ) -> None:
         """Send the request upstream as bytes and relay the answer as bytes.
 
@@ -43,7 +44,8 @@ class Forwarder:
         502) unless they are large or, with `buffer_unknown` off and a success, of unknown length.
         Taps see only successful answers. ``on_status`` runs once the status is known, before any
         of the body is relayed, and ``before_end`` before its last byte (held writes,
-        :mod:`proxy.writes`). An error body is the provider's and passes through, but the
+        :mod:`proxy.writes`). A stream that breaks ends with ``error_event`` (the wire
+        format's own error event). An error body is the provider's and passes through, but the
         proxy's own `upstream.api_key`, should the provider echo it, is redacted: the client
         never had it.
         """
@@ -64,7 +66,7 @@ class Forwarder:
             length = resp.content_length
             if resp.content_type == _SSE:
                 await relay_stream(send, resp, headers, sse=True, tap=stream_tap if ok else None,
-                                   before_end=before_end)
+                                   before_end=before_end, error_event=error_event)
             elif (length is None and (buffer_unknown or failed)
                   or length is not None and length <= _BUFFER_LIMIT):
                 secret = up.config.api_key if failed else None

@@ -1,4 +1,4 @@
-"""The pooled raw-bytes client for OpenAI-compatible upstreams."""
+"""The pooled raw-bytes client for an upstream: OpenAI-compatible, or Anthropic's."""
 
 from __future__ import annotations
 
@@ -50,14 +50,21 @@ _KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 class Upstream:
     """One aiohttp session for the process, opened and closed by the app's lifespan."""
 
-    def __init__(self, config: UpstreamConfig, *, forward_client_key: bool = True) -> None:
+    def __init__(
+        self, config: UpstreamConfig, *, forward_client_key: bool = True,
+        key_header: str = "authorization",
+    ) -> None:
         """``forward_client_key`` off: the client's key headers are never sent on (they hold
-        the proxy's own keys, ``auth.keys``)."""
+        the proxy's own keys, ``auth.keys``). ``key_header``: where ``config.api_key`` goes
+        (``authorization`` as a Bearer token, or Anthropic's ``x-api-key`` as it is)."""
         self.config = config
         self._strip_keys = not forward_client_key or config.api_key is not None
         self.base_url = config.base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
-        self._auth = f"Bearer {config.api_key}" if config.api_key else None
+        self._auth: tuple[str, str] | None = None
+        if config.api_key:
+            bearer = key_header == "authorization"
+            self._auth = (key_header, f"Bearer {config.api_key}" if bearer else config.api_key)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -100,7 +107,7 @@ class Upstream:
                 continue
             out.append((name, raw_value.decode("latin-1")))
         if self._auth is not None:
-            out.append(("authorization", self._auth))
+            out.append(self._auth)
         return out
 
     async def send(

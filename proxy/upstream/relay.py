@@ -22,6 +22,7 @@ __all__ = [
     "redact_secret",
     "relay_buffered",
     "relay_stream",
+    "anthropic_error_event",
     "sse_error_event",
 ]
 
@@ -33,6 +34,12 @@ BeforeEnd = Callable[[], Awaitable[None]]  # awaited before the last byte of an 
 
 def sse_error_event(message: str, code: str) -> bytes:
     return b"data: " + orjson.dumps(envelope(message, "upstream_error", None, code)) + b"\n\n"
+
+
+def anthropic_error_event(message: str, code: str) -> bytes:
+    """A broken stream's last event, as Anthropic ends a stream with an error."""
+    data = orjson.dumps({"type": "error", "error": {"type": "api_error", "message": message}})
+    return b"event: error\ndata: " + data + b"\n\n"
 
 
 async def read_whole(resp: aiohttp.ClientResponse) -> bytes:
@@ -76,10 +83,11 @@ async def relay_stream(
     tap: Tap | None = None,
     whole: Tap | None = None,
     before_end: BeforeEnd | None = None,
+    error_event: Callable[[str, str], bytes] = sse_error_event,
 ) -> None:
     """Pass the upstream body through chunk by chunk, exactly as it arrives. ``tap`` sees each
     chunk; ``whole`` gets the complete body once it has all arrived (a JSON answer too large to
-    buffer before relaying is still archived)."""
+    buffer before relaying is still archived). A stream that breaks ends with ``error_event``."""
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     kept: list[bytes] | None = [] if whole is not None else None
     try:
@@ -97,7 +105,7 @@ async def relay_stream(
         msg = "upstream stream stalled" if timeout else "upstream stream broke off"
         code = "upstream_timeout" if timeout else "upstream_stream_broken"
         await send(
-            {"type": "http.response.body", "body": sse_error_event(msg, code), "more_body": True}
+            {"type": "http.response.body", "body": error_event(msg, code), "more_body": True}
         )
     else:
         if whole is not None and kept is not None:

@@ -1,0 +1,457 @@
+"""The Anthropic Messages API (``POST /v1/messages``), read into the pipeline's message model.
+
+Reading (one pass; each history message remembers the wire message and blocks it stands for):
+
+* ``system`` (a string or text blocks) becomes a leading system message; it stays in its field
+  when written back;
+* an assistant message is one assistant message: its text blocks are the text, its ``tool_use``
+  blocks the ``tool_calls`` (input as JSON arguments), its thinking text is counted
+  (``reasoning_content``); ``thinking``, ``redacted_thinking``, server-tool and unknown blocks
+  ride along, so they are kept or dropped with their turn and never edited;
+* a user message becomes one tool message per ``tool_result`` block (what offload and ageing
+  cut; string content or text blocks, images inside pass), then one user message with the
+  other blocks, if any (the API wants tool results first in their message);
+* a ``role: "system"`` message in ``messages`` (a beta Claude Code uses) is a system message
+  where it stands.
+
+Writing back copies every wire message whose history messages all went out unchanged from the
+client's bytes. A message that lost or changed a part is rebuilt from its blocks: the kept ones
+byte for byte, a cut ``tool_result`` with its new content (the block's other fields, such as
+``cache_control``, kept), a placeholder result the validator added for an unanswered call. An
+assistant message is never rebuilt (thinking signatures are verified by the provider): it goes
+out as sent, or not at all. What the pipeline adds as a system message (a summary) becomes a
+text block after the client's ``system`` blocks (and ``system`` messages the client put before
+its first assistant turn, which a compaction evicted, are put back after the first kept one); a ``cache_control`` marker evicted with the
+turns it stood on moves to that block when the request has fewer than the provider's four, so
+the new prefix caches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from ..errors import BadRequest
+from ..pipeline.model import Message
+from . import Parsed, json
+from .body import json_type, load_object, require_model
+from .messages_answer import MessagesTap
+
+__all__ = ["MAX_CACHE_MARKERS", "MESSAGES", "MessagesFormat", "cache_markers", "chat_tools"]
+
+MAX_CACHE_MARKERS: Final = 4  # the provider rejects a request with more cache_control blocks
+_SYSTEM_ROLES: Final = frozenset({"system", "developer"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """Where a history message came from: wire message ``wire`` (``-1``: the ``system``
+    field), its blocks ``blocks`` (None: the whole content, a string)."""
+
+    wire: int
+    blocks: tuple[int, ...] | None
+
+
+@dataclass(slots=True)
+class _Group:
+    """One wire message being written: its role, the wire message it comes from (None: new)
+    and its parts (history index or None, the message)."""
+
+    role: str
+    src: int | None
+    parts: list[tuple[int | None, Message]] = field(default_factory=list)
+
+
+def _blocks(content: Any) -> list[Any]:
+    if isinstance(content, list):
+        return content
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return []
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b["text"] for b in _blocks(content)
+                   if isinstance(b, dict) and b.get("type") == "text"
+                   and isinstance(b.get("text"), str))
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Anthropic tool definitions in chat shape, for counting (server tools as they are)."""
+    if not isinstance(tools, list):
+        return None
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        if isinstance(tool.get("name"), str) and "input_schema" in tool:
+            fn = {"name": tool["name"], "description": tool.get("description") or "",
+                  "parameters": tool.get("input_schema") or {}}
+            out.append({"type": "function", "function": fn})
+        else:
+            out.append(tool)
+    return out
+
+
+def _assistant(content: Any) -> Message:
+    text: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    other: list[Any] = []
+    for block in _blocks(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            text.append(block["text"])
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])
+        elif kind == "tool_use" and isinstance(block.get("id"), str):
+            args = orjson.dumps(block.get("input", {})).decode()
+            calls.append({"id": block["id"], "type": "function",
+                          "function": {"name": str(block.get("name")), "arguments": args}})
+        elif kind not in ("redacted_thinking", "thinking"):
+            other.append(block)  # server tools and unknown blocks: counted as their JSON
+    message: Message = {"role": "assistant", "content": "".join(text)}
+    if calls:
+        message["tool_calls"] = calls
+    if thinking:
+        message["reasoning_content"] = "\n".join(thinking)
+    if other:
+        message["blocks"] = other
+    return message
+
+
+def _is_result(block: Any) -> bool:
+    return (isinstance(block, dict) and block.get("type") == "tool_result"
+            and isinstance(block.get("tool_use_id"), str))
+
+
+class _Reader:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.history: list[Message] = []
+        self.spans: list[range] = []
+        self.sources: list[_Source] = []
+        self.by_wire: dict[int, list[int]] = {}
+
+    def add(self, message: Message, wire: int, blocks: tuple[int, ...] | None) -> None:
+        item = wire + self.offset
+        self.by_wire.setdefault(wire, []).append(len(self.history))
+        self.history.append(message)
+        self.spans.append(range(item, item + 1))
+        self.sources.append(_Source(wire, blocks))
+
+    def message(self, j: int, wire: dict[str, Any]) -> None:
+        role = wire["role"]
+        content = wire.get("content")
+        if role == "assistant":
+            self.add(_assistant(content), j, None)
+            return
+        if role != "user" or not isinstance(content, list):
+            self.add({"role": role, "content": content}, j, None)
+            return
+        rest: list[int] = []
+        for b, block in enumerate(content):
+            if _is_result(block):
+                self.add({"role": "tool", "tool_call_id": block["tool_use_id"],
+                          "content": block.get("content", "")}, j, (b,))
+            else:
+                rest.append(b)
+        if rest or not content:
+            self.add({"role": "user", "content": [content[b] for b in rest]}, j, tuple(rest))
+
+
+def _check(body: dict[str, Any], max_items: int) -> list[Any]:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise BadRequest("'messages' is required and must be an array", param="messages")
+    if len(messages) > max_items:
+        raise BadRequest(
+            f"'messages' has {len(messages)} entries; this proxy accepts at most {max_items}",
+            param="messages",
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(f"Invalid type for 'messages[{i}]': expected an object, but got "
+                             f"{json_type(message)} instead.", param=f"messages[{i}]")
+        if not isinstance(message.get("role"), str):
+            raise BadRequest(f"'messages[{i}].role' is required and must be a string",
+                             param=f"messages[{i}].role")
+        content = message.get("content")
+        if not isinstance(content, str | list):
+            raise BadRequest(f"Invalid type for 'messages[{i}].content': expected a string or "
+                             f"an array, but got {json_type(content)} instead.",
+                             param=f"messages[{i}].content")
+        if isinstance(content, list):
+            for b, block in enumerate(content):
+                if not isinstance(block, dict):
+                    raise BadRequest(
+                        f"Invalid type for 'messages[{i}].content[{b}]': expected an object, "
+                        f"but got {json_type(block)} instead.", param=f"messages[{i}].content[{b}]")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise BadRequest(f"Invalid type for 'system': expected a string or an array, but got "
+                         f"{json_type(system)} instead.", param="system")
+    return messages
+
+
+class MessagesFormat:
+    name = "messages"
+    subpath = "v1/messages"  # below anthropic.base_url
+
+    def tap(self) -> MessagesTap:
+        return MessagesTap()
+
+    def parse(self, raw: bytes, max_items: int) -> Parsed:
+        body = load_object(raw)
+        model = require_model(body)
+        messages = _check(body, max_items)
+        system = body.get("system")
+        has_system = bool(system)
+        reader = _Reader(1 if has_system else 0)
+        items: list[Any] = list(messages)
+        if has_system:
+            items = [{"role": "system", "content": system}, *messages]
+            item = {"role": "system", "content": system}
+            reader.history.append(item)
+            reader.spans.append(range(0, 1))
+            reader.sources.append(_Source(-1, None))
+        for j, message in enumerate(messages):
+            reader.message(j, message)
+        return Parsed(
+            body=body, model=model, items=items, history=reader.history, spans=reader.spans,
+            tools=chat_tools(body.get("tools")), stream=body.get("stream") is True,
+            extra={"sources": reader.sources, "by_wire": reader.by_wire},
+        )
+
+    def write(
+        self, raw: bytes, parsed: Parsed, messages: Sequence[Message] | None, *,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> bytes:
+        members = json.members(raw)
+        replace: dict[str, json.RawJSON] = {}
+        if messages is not None:
+            _Writer(members, parsed).write(messages, replace)
+        if tools:
+            existing = json.array_items(members["tools"]) if _is_array(members.get("tools")) else []
+            replace["tools"] = json.join_array([*existing, *(json.dumps(t) for t in tools)])
+        return json.splice(members, replace)
+
+
+class _Writer:
+    def __init__(self, members: Mapping[str, json.RawJSON], parsed: Parsed) -> None:
+        self.members = members
+        self.parsed = parsed
+        self.body = parsed.body
+        self.wire: list[Any] = self.body["messages"]
+        self.sources: list[_Source] = parsed.extra["sources"]
+        self.by_wire: Mapping[int, list[int]] = parsed.extra["by_wire"]
+        self._raw_items: list[json.RawJSON] | None = None
+        self._raw_blocks: dict[int, list[json.RawJSON]] = {}
+
+    def raw_blocks(self, j: int) -> list[json.RawJSON]:
+        """The content blocks of wire message ``j``, each as the client wrote it."""
+        found = self._raw_blocks.get(j)
+        if found is None:
+            found = json.array_items(json.members(self.raw_item(j))["content"])
+            self._raw_blocks[j] = found
+        return found
+
+    def raw_item(self, j: int) -> json.RawJSON:
+        if self._raw_items is None:
+            self._raw_items = json.array_items(self.members["messages"])
+        return self._raw_items[j]
+
+    def write(self, messages: Sequence[Message], replace: dict[str, json.RawJSON]) -> None:
+        history = self.parsed.history
+        at = {id(m): k for k, m in enumerate(history)}
+        results = {k: m for k, m in enumerate(history) if m.get("role") == "tool"}
+        added: list[Message] = []
+        groups: list[_Group] = []
+        cursor = 0
+        for m in messages:
+            k = at.get(id(m))
+            role = m.get("role")
+            if k is not None:
+                cursor = k + 1
+                src = self.sources[k].wire
+                if src < 0:
+                    continue  # the system field: it stays where it is
+            elif role in _SYSTEM_ROLES:
+                added.append(m)  # a summary (or memory): into the system field
+                continue
+            elif role == "tool":
+                k = _find_result(results, m.get("tool_call_id"), cursor)
+                if k is not None:
+                    cursor = k + 1
+                src = self.sources[k].wire if k is not None else -1
+            else:
+                src = -1
+            open_group = groups[-1] if groups else None
+            if (role in ("user", "tool") and open_group is not None and open_group.role == "user"
+                    and (src < 0 or open_group.src is None or open_group.src == src)):
+                if open_group.src is None and src >= 0:
+                    open_group.src = src
+                open_group.parts.append((k, m))
+                continue
+            wire_role = "user" if role == "tool" else str(role)
+            groups.append(_Group(wire_role, src if src >= 0 else None, [(k, m)]))
+        out = [self._message(g) for g in groups]
+        if added:
+            self._pin(out, groups)
+        replace["messages"] = json.join_array([raw for raw, _ in out])
+        if added:
+            replace["system"] = self._system(added, [mk for _, found in out for mk in found])
+
+    def _pin(self, out: list[tuple[json.RawJSON, list[Any]]], groups: list[_Group]) -> None:
+        """A compaction keeps the ``system`` messages the client put before its first assistant
+        turn (Claude Code's environment: working directory, platform, date): after the first
+        kept message, as the client had them after its first request."""
+        first = next((j for j, m in enumerate(self.wire) if m.get("role") == "assistant"),
+                     len(self.wire))
+        present = {g.src for g in groups if g.src is not None}
+        lost = [j for j in range(first) if self.wire[j].get("role") in _SYSTEM_ROLES
+                and j not in present]
+        at = 1 if groups and groups[0].role == "user" else 0
+        out[at:at] = [(self.raw_item(j), list(_markers(self.wire[j]))) for j in lost]
+
+    # -- one wire message ----------------------------------------------------------------------
+
+    def _message(self, group: _Group) -> tuple[json.RawJSON, list[Any]]:
+        """The message's bytes and the cache_control markers it carries."""
+        history = self.parsed.history
+        src = group.src
+        originals = [k for k, m in group.parts if k is not None and m is history[k]]
+        if (src is not None and len(originals) == len(group.parts)
+                and originals == self.by_wire.get(src)):
+            return self.raw_item(src), list(_markers(self.wire[src]))  # as the client sent it
+        if src is not None and group.role == "assistant":
+            return self.raw_item(src), list(_markers(self.wire[src]))  # never rebuilt
+        blocks: list[json.RawJSON] = []
+        found: list[Any] = []
+        for k, m in group.parts:
+            for raw, block in self._blocks(k, m):
+                blocks.append(raw)
+                found += _markers(block)
+        content = json.join_array(blocks)
+        if src is None:
+            return json.dumps({"role": group.role, "content": orjson.Fragment(content)}), found
+        return json.splice(json.members(self.raw_item(src)), {"content": content}), found
+
+    def _blocks(self, k: int | None, m: Message) -> Iterator[tuple[json.RawJSON, Any]]:
+        history = self.parsed.history
+        if k is None:  # new: a placeholder result, a bridging user message
+            if m.get("role") == "tool":
+                block = {"type": "tool_result", "tool_use_id": m.get("tool_call_id"),
+                         "content": _text(m.get("content"))}
+                yield json.dumps(block), block
+            else:
+                for block in _blocks(m.get("content")):
+                    yield json.dumps(block), block
+            return
+        source = self.sources[k]
+        content = self.wire[source.wire].get("content")
+        if source.blocks is None:  # a whole string content
+            block = {"type": "text", "text": content if isinstance(content, str) else ""}
+            yield json.dumps(block), block
+            return
+        raw_blocks = self.raw_blocks(source.wire)
+        for b in source.blocks:
+            block = content[b]
+            if m is history[k]:
+                yield raw_blocks[b], block
+            else:  # a cut result: the block with its new content, every other field kept
+                new = {**block, "content": m.get("content")}
+                yield json.dumps(new), new
+
+    # -- the system field --------------------------------------------------------------------
+
+    def _system(self, added: list[Message], kept: list[Any]) -> bytes:
+        """The client's system blocks, then the added messages as text blocks; the first one
+        takes a marker lost with the evicted turns, when there is room for it."""
+        system = self.body.get("system")
+        head: list[json.RawJSON]
+        if isinstance(system, list):
+            head = json.array_items(self.members["system"])
+        elif isinstance(system, str) and system:
+            head = [json.dumps({"type": "text", "text": system})]
+        else:
+            head = []
+        new = [{"type": "text", "text": _text(m.get("content"))} for m in added]
+        before = [*_markers(self.body.get("tools")), *_markers(system)]
+        marker = self._moved_marker(before, kept)
+        if marker is not None:
+            new[0]["cache_control"] = marker
+        return json.join_array([*head, *(json.dumps(b) for b in new)])
+
+    def _moved_marker(self, before: list[Any], after: list[Any]) -> Any:
+        """``after``: the markers of the messages written."""
+        if len(before) + len(after) >= MAX_CACHE_MARKERS:
+            return None  # no room
+        lost = _lost(list(_markers(self.wire)), after)
+        if not lost or not isinstance(lost[-1], dict):
+            return None
+        marker = dict(lost[-1])
+        # The provider wants every 1-hour marker before every 5-minute one.
+        needs_short = any(_ttl(mk) != "1h" for mk in before)
+        needs_long = any(_ttl(mk) == "1h" for mk in after)
+        if needs_short and needs_long:
+            return None
+        if needs_long:
+            marker["ttl"] = "1h"
+        elif needs_short:
+            marker.pop("ttl", None)
+        return marker
+
+
+def _lost(sent: list[Any], kept: list[Any]) -> list[Any]:
+    left = list(kept)
+    out = []
+    for mk in sent:
+        if mk in left:
+            left.remove(mk)
+        else:
+            out.append(mk)
+    return out
+
+
+def _ttl(marker: Any) -> str:
+    return str(marker.get("ttl") or "5m") if isinstance(marker, dict) else "5m"
+
+
+def _markers(value: Any) -> Iterator[Any]:
+    """Every ``cache_control`` value set in ``value`` (blocks, nested tool-result content)."""
+    if isinstance(value, dict):
+        marker = value.get("cache_control")
+        if marker is not None:
+            yield marker
+        for key, inner in value.items():
+            if key != "cache_control" and isinstance(inner, dict | list):
+                yield from _markers(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            if isinstance(inner, dict | list):
+                yield from _markers(inner)
+
+
+def cache_markers(body: Mapping[str, Any]) -> int:
+    """How many ``cache_control`` markers a Messages body carries (tools, system, messages)."""
+    return sum(len(list(_markers(body.get(k)))) for k in ("tools", "system", "messages"))
+
+
+def _find_result(results: Mapping[int, Message], call_id: Any, cursor: int) -> int | None:
+    for k in sorted(results):
+        if k >= cursor and results[k].get("tool_call_id") == call_id:
+            return k
+    return None
+
+
+def _is_array(raw: json.RawJSON | None) -> bool:
+    return raw is not None and bytes(memoryview(raw)[:1]) == b"["
+
+
+MESSAGES = MessagesFormat()

@@ -1,0 +1,352 @@
+"""The read-tool loop for the Anthropic Messages API (SPEC 7 and 11): the proxy's own
+``tool_use`` blocks are run by the proxy and never reach the client.
+
+A round whose answer calls only the proxy's tool is internal: its calls are answered with
+``tool_result`` blocks and the model is asked again, the round's assistant message (thinking
+blocks and their signatures as they came) and a user message with the results appended to
+``messages``. A round that calls the client's tools, or nothing, is the answer; the proxy's
+calls in it are dropped (its thinking blocks stay: a thinking block may end a turn, and the
+turn's first block must stay a thinking block when tools follow).
+
+Non-streaming, the client gets the last round's message without the proxy's calls, usage summed
+over the rounds. Streaming, events pass as they come with three changes: the proxy's
+``tool_use`` blocks (start, input deltas, stop) are withheld; every content-block ``index`` is
+renumbered so the client sees one message with consecutive blocks; the ``message_start`` of later
+rounds and the ``message_delta``/``message_stop`` of internal rounds are withheld, and the final
+``message_delta`` carries the usage summed over the rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.types import Send
+from yarl import URL
+
+from ..asgi import Headers, send_whole
+from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from ..formats import json
+from ..formats.messages_answer import MessagesAssembler
+from ..session import Identity
+from ..upstream.http import Upstream, response_headers
+from ..upstream.relay import anthropic_error_event, read_whole, redact_secret
+from ..upstream.sse import SSEDecoder
+from .loop import Finish, OnStatus, Rounds, Settled
+from .tool import ReadTool
+
+__all__ = ["MessagesReader"]
+
+log = logging.getLogger("proxy.upstream")
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+class MessagesReader:
+    enabled = True
+
+    def __init__(self, upstream: Upstream, tool: ReadTool, max_rounds: int) -> None:
+        self.upstream = upstream
+        self.tool = tool
+        self.max_rounds = max_rounds
+
+    def needed(self, messages: Sequence[Any]) -> bool:
+        return self.tool.needed(messages)
+
+    def definition(self) -> dict[str, Any]:
+        fn = self.tool.definition()["function"]
+        return {"name": fn["name"], "description": fn["description"],
+                "input_schema": fn["parameters"]}
+
+    def with_tool(self, body: dict[str, Any]) -> dict[str, Any]:
+        tools = body.get("tools")
+        tools = list(tools) if isinstance(tools, list) else []
+        if any(isinstance(t, dict) and t.get("name") == self.tool.name for t in tools):
+            return body
+        return {**body, "tools": [*tools, self.definition()]}
+
+    def _ours(self, block: Any) -> bool:
+        return (isinstance(block, dict) and block.get("type") == "tool_use"
+                and block.get("name") == self.tool.name)
+
+    def _split(self, content: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+        ours = [b for b in content if self._ours(b)]
+        theirs = [b for b in content if not self._ours(b) and isinstance(b, dict)
+                  and b.get("type") == "tool_use"]
+        return ours, theirs
+
+    async def _results(
+        self, identity: Identity, calls: list[dict[str, Any]], rounds: int, settled: Settled
+    ) -> list[dict[str, Any]]:
+        if rounds >= self.max_rounds:
+            text = (f"error: the limit of {self.max_rounds} reads for this turn is reached; "
+                    "continue with what you have read")
+            return [{"type": "tool_result", "tool_use_id": c.get("id"), "content": text}
+                    for c in calls]
+        if settled is not None:
+            await settled()
+        tool = self.tool
+
+        def run() -> list[dict[str, Any]]:
+            return [{"type": "tool_result", "tool_use_id": c.get("id"),
+                     "content": tool.run(identity, orjson.dumps(c.get("input") or {}).decode())}
+                    for c in calls]
+
+        return await asyncio.to_thread(run)
+
+    def _scrub(self, status: int, payload: bytes) -> bytes:
+        return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
+
+    async def _post(
+        self, url: URL, headers: list[tuple[str, str]], req: bytes, on_status: OnStatus
+    ) -> aiohttp.ClientResponse:
+        resp = await self.upstream.send("POST", url, headers, req)
+        if on_status is not None:
+            await on_status(resp.status)
+        return resp
+
+    def _encoder(self, body: dict[str, Any], raw: bytes | None) -> _Encoder:
+        return _Encoder(body, raw, self.definition())
+
+    # -- not streaming ---------------------------------------------------------------------
+
+    async def non_stream(
+        self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
+        extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+        on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
+        raw: bytes | None = None,
+    ) -> Rounds:
+        state = Rounds()
+        encoder = self._encoder(body, raw)
+        req = encoder.request()
+        while True:
+            last = state.rounds > self.max_rounds
+            resp = await self._post(url, headers, req, on_status)
+            async with resp:
+                payload = await read_whole(resp)
+                out_headers = response_headers(resp)
+                status = resp.status
+            data = _message(payload) if status == 200 else None
+            if data is None:  # errors and odd bodies pass through as they came
+                await send_whole(send, status, out_headers + extra, self._scrub(status, payload))
+                return state
+            state.add_usage(data.get("usage"))
+            content = data["content"]
+            ours, theirs = self._split(content)
+            if ours and not theirs and not last:
+                results = await self._results(identity, ours, state.rounds, settled)
+                state.internal += [{"role": "assistant", "content": content},
+                                   {"role": "user", "content": results}]
+                req = encoder.request(content, results)
+                state.rounds += 1
+                continue
+            if state.rounds == 0 and not ours:
+                final = payload  # nothing of ours happened: the bytes as they came
+            else:
+                data["content"] = [b for b in content if not self._ours(b)]
+                if not theirs and data.get("stop_reason") == "tool_use":
+                    data["stop_reason"] = "end_turn"
+                if state.usage is not None:
+                    data["usage"] = {**(data.get("usage") or {}), **state.usage}
+                final = orjson.dumps(data)
+            tap(final)
+            if settled is not None:
+                await settled()
+            if finish is not None:
+                await finish(state)
+            rounds_h = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
+            await send_whole(send, status, out_headers + extra + [rounds_h], final)
+            return state
+
+    # -- streaming ---------------------------------------------------------------------------
+
+    async def stream(
+        self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
+        extra: Headers, identity: Identity, tap: Callable[[bytes], None],
+        on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
+        raw: bytes | None = None,
+    ) -> Rounds:
+        state = Rounds()
+        seen = [0]  # content blocks the client has seen, over all rounds
+        encoder = self._encoder(body, raw)
+        req = encoder.request()
+        started = False
+
+        async def emit(chunk: bytes) -> None:
+            tap(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        while True:
+            last = state.rounds > self.max_rounds
+            rnd = _Round(self._ours, seen, first=state.rounds == 0)
+            try:
+                resp = await self._post(url, headers, req, on_status)
+                async with resp:
+                    if resp.status != 200 or resp.content_type != "text/event-stream":
+                        payload = self._scrub(resp.status, await read_whole(resp))
+                        if not started:
+                            await send_whole(send, resp.status, response_headers(resp) + extra,
+                                             payload)
+                            return state
+                        raise UpstreamStatusError(
+                            f"upstream answered {resp.status} in a read round")
+                    if not started:
+                        await send({"type": "http.response.start", "status": 200,
+                                    "headers": response_headers(resp) + extra})
+                        started = True
+                    decoder = SSEDecoder()
+                    try:
+                        async for chunk in resp.content.iter_any():
+                            for event in decoder.feed(chunk):
+                                for out in rnd.feed(event.event, event.data):
+                                    await emit(out)
+                    except TimeoutError:
+                        raise UpstreamTimeout("upstream stream stalled") from None
+                    except aiohttp.ClientError:
+                        raise UpstreamError("upstream stream broke off",
+                                            code="upstream_stream_broken") from None
+            except ProxyError as exc:
+                if not started:
+                    raise
+                log.warning("read round failed: %s", exc.message)
+                await emit(anthropic_error_event(exc.message, exc.code or "upstream_error"))
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return state
+            state.add_usage(rnd.usage())
+            if rnd.failed:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return state
+            content = rnd.assembler.content()
+            ours, theirs = self._split(content)
+            if ours and not theirs and not last and rnd.stopped:
+                results = await self._results(identity, ours, state.rounds, settled)
+                state.internal += [{"role": "assistant", "content": content},
+                                   {"role": "user", "content": results}]
+                req = encoder.request(content, results)
+                state.rounds += 1
+                continue
+            for out in rnd.finish(state.usage, bool(ours) and not theirs):
+                await emit(out)
+            break
+        if settled is not None:
+            await settled()
+        if finish is not None:
+            await finish(state)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return state
+
+
+class _Encoder:
+    """Each round's request bytes: the client's body as it was forwarded, byte for byte (its
+    signed thinking blocks included), the read tool appended to ``tools``, and the internal
+    rounds' messages appended to ``messages``."""
+
+    def __init__(self, body: dict[str, Any], raw: bytes | None, tool: dict[str, Any]) -> None:
+        self.body = body
+        self.raw = raw
+        self.tool = tool
+        self.added: list[bytes] = []
+
+    def request(
+        self, content: list[Any] | None = None, results: list[dict[str, Any]] | None = None
+    ) -> bytes:
+        if content is not None and results is not None:
+            self.added += [json.dumps({"role": "assistant", "content": content}),
+                           json.dumps({"role": "user", "content": results})]
+        if self.raw is None:
+            messages = [*(self.body.get("messages") or []), *map(orjson.loads, self.added)]
+            return orjson.dumps({**self.body, "messages": messages})
+        members = json.members(self.raw)
+        replace: dict[str, json.RawJSON] = {}
+        tools = members.get("tools")
+        given = orjson.loads(bytes(tools)) if tools is not None else None
+        if not isinstance(given, list):
+            replace["tools"] = json.join_array([json.dumps(self.tool)])
+        elif not any(isinstance(t, dict) and t.get("name") == self.tool["name"] for t in given):
+            assert tools is not None
+            replace["tools"] = json.join_array([*json.array_items(tools), json.dumps(self.tool)])
+        if self.added:
+            replace["messages"] = json.join_array(
+                [*json.array_items(members["messages"]), *self.added])
+        return json.splice(members, replace)
+
+
+class _Round:
+    """Filters one round's events (see the module docstring)."""
+
+    def __init__(self, ours: Callable[[Any], bool], seen: list[int], *, first: bool) -> None:
+        self.is_ours = ours
+        self.seen = seen
+        self.first = first
+        self.assembler = MessagesAssembler()
+        self.failed = False
+        self.stopped = False  # message_stop arrived
+        self._index: dict[int, int] = {}  # upstream index -> the client's
+        self._hidden: set[int] = set()
+        self._held: list[tuple[str, dict[str, Any]]] = []  # message_delta, message_stop
+
+    def usage(self) -> dict[str, Any] | None:
+        message = self.assembler.message
+        usage = message.get("usage") if message is not None else None
+        return usage if isinstance(usage, dict) else None
+
+    def feed(self, name: str, raw: bytes) -> list[bytes]:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return [b"data: " + raw + b"\n\n"]
+        if not isinstance(data, dict):
+            return [b"data: " + raw + b"\n\n"]
+        found = data.get("type")
+        kind: str = found if isinstance(found, str) else name
+        self.assembler.feed(data)
+        if kind == "error":
+            self.failed = True
+            return [_event("error", data)]
+        if kind == "message_start":
+            return [_event(kind, data)] if self.first else []
+        if kind in ("message_delta", "message_stop"):
+            self.stopped = self.stopped or kind == "message_stop"
+            self._held.append((kind, data))
+            return []
+        index = data.get("index")
+        if not isinstance(index, int):
+            return [_event(kind, data)]  # ping and what the loop does not know
+        if kind == "content_block_start" and self.is_ours(data.get("content_block")):
+            self._hidden.add(index)
+        if index in self._hidden:
+            return []
+        if index not in self._index:
+            self._index[index] = self.seen[0]
+            self.seen[0] += 1
+        return [_event(kind, {**data, "index": self._index[index]})]
+
+    def finish(self, usage: dict[str, Any] | None, dropped_only: bool) -> list[bytes]:
+        """The held end of the answer's round: stop reason fixed when only the proxy's calls
+        were in it, usage summed over the rounds."""
+        out: list[bytes] = []
+        for kind, data in self._held:
+            if kind == "message_delta":
+                delta = data.get("delta")
+                if dropped_only and isinstance(delta, dict) and delta.get("stop_reason") == "tool_use":
+                    data = {**data, "delta": {**delta, "stop_reason": "end_turn"}}
+                if usage is not None:
+                    data = {**data, "usage": {**(data.get("usage") or {}), **usage}}
+            out.append(_event(kind, data))
+        return out
+
+
+def _message(payload: bytes) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+        return None
+    return data
