@@ -192,7 +192,26 @@ def test_fold_claim_exclusive_across_replicas(replicas: Replica) -> None:
     assert third is not None and third.version == 1 and third.since == second.at
 
 
-# --- PostgreSQL: retention, quota, copy ---------------------------------------------------------
+# --- PostgreSQL: the migration, retention, quota, copy ---------------------------------------------
+
+
+def test_a_version_1_database_gains_memory(pg_url: str) -> None:
+    """A database made before memory (schema version 1, with data) upgrades in place."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert upgrade(conn, target=1) == [1]
+        conn.execute("INSERT INTO sessions (tenant, session, first_seen, last_seen) "
+                     "VALUES ('t', 's', now(), now())")
+        assert upgrade(conn) == [2]
+        row = conn.execute("SELECT count(*) FROM sessions").fetchone()
+        assert row is not None and row[0] == 1
+    pool = PgPool(pg_url)
+    pool.open()
+    try:
+        store = PgMemory(pool)
+        store.append("t", "s", T0.date(), "- a\n", now=T0)
+        assert fold(store, "t", "s", "- a\n", T0) == 1
+    finally:
+        pool.close()
 
 
 @pytest.fixture
