@@ -149,8 +149,9 @@ def gc(config: Config) -> int:
     print(f"deleted {report.tool_results} offloaded file(s) older than "
           f"{storage.tool_result_ttl_days:g} days from {where}")
     if storage.dialog_ttl_days is not None:
-        print(f"deleted {report.dialog_files} dialog file(s), {report.summaries} summary(ies) "
-              f"and {report.sessions} session(s) older than {storage.dialog_ttl_days:g} days")
+        print(f"deleted {report.dialog_files} dialog file(s), {report.summaries} summary(ies), "
+              f"{report.sessions} session(s) and {report.memory_files} memory file(s) older "
+              f"than {storage.dialog_ttl_days:g} days")
     limits = {k.tenant: k.max_disk_mb for k in config.auth.keys if k.max_disk_mb is not None}
     for tenant, used in sorted(report.usage.items()):
         limit = limits.get(tenant, storage.max_tenant_mb)
@@ -205,7 +206,9 @@ def migrate_storage(config: Config, source: str | None) -> int:
         pool.close()
     print(f"copied from {data_dir}: {report.originals} offloaded file(s), "
           f"{report.dialog_lines} dialog line(s), {report.messages} index row(s), "
-          f"{report.summaries} summary(ies), {report.sessions} session(s)")
+          f"{report.summaries} summary(ies), {report.sessions} session(s), "
+          f"{report.memory_days} memory note day(s), {report.memory_versions} memory "
+          "version(s)")
     return EXIT_OK
 
 

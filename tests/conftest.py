@@ -40,8 +40,13 @@ SLOW_IMPORT_MODULES = frozenset({
     "tests/test_secrets.py",
 })
 #: Modules whose tests share costly module or session fixtures (a PostgreSQL server, three
-#: replicas behind a balancer): each runs whole on one worker, so they start once.
-ONE_WORKER_MODULES = frozenset({"tests/test_postgres_store.py", "tests/test_scale_out.py"})
+#: replicas behind a balancer): each group runs whole on one worker, so they start once (the
+#: PostgreSQL store and memory tests share that worker's server).
+ONE_WORKER_MODULES = {
+    "tests/test_postgres_store.py": "postgres",
+    "tests/test_postgres_memory.py": "postgres",
+    "tests/test_scale_out.py": "scale-out",
+}
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -59,7 +64,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             if module in SLOW_IMPORT_MODULES:
                 return "slow-imports"
             if module in ONE_WORKER_MODULES:
-                return module
+                return ONE_WORKER_MODULES[module]
             return nodeid
 
     return SlowImportsTogether(config, log)

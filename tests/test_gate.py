@@ -428,7 +428,7 @@ async def test_gc_expires_old_dialogs_and_summaries_and_reports_usage(
     config.write_text(f"storage: {{data_dir: {data_dir}, dialog_ttl_days: 30, max_tenant_mb: 1}}\n")
     assert cli.main(["gc", "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert "deleted 1 dialog file(s), 1 summary(ies) and 1 session(s)" in out
+    assert "deleted 1 dialog file(s), 1 summary(ies), 1 session(s) and 0 memory file(s)" in out
     assert [rows(data_dir, t) for t in ("sessions", "messages", "summaries", "dialog_files")] == [0, 0, 0, 0]
     assert not list(session.rglob("*.jsonl")) and not list(session.rglob("*.md"))
     assert "tenant " not in out  # everything expired: nobody uses any disk

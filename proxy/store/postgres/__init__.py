@@ -1,7 +1,7 @@
 """The PostgreSQL backend (``storage.url: postgresql://...``): every kind of state in one
 database that many ``ctxproxy serve`` replicas share. One module per kind (``originals``,
-``dialog``, ``summaries``, ``sessions``), the schema and its migrations in ``schema``, the
-connection pool and its fault handling in ``pool``. Nothing is kept on local disk; what a
+``dialog``, ``summaries``, ``sessions``, ``memory``), the schema and its migrations in
+``schema``, the connection pool and its fault handling in ``pool``. Nothing is kept on local disk; what a
 replica holds in memory is only a cache.
 """
 
@@ -20,6 +20,7 @@ from ..gc import GcReport
 from ..interfaces import FileKind, MemoryStore
 from ..usage import DiskUsage
 from .dialog import PgDialog
+from .memory import PgMemory
 from .originals import PgOriginals
 from .pool import PgPool
 from .schema import SCHEMA_VERSION, upgrade
@@ -109,8 +110,8 @@ class PostgresBackend:
         self.originals = PgOriginals(self.pool, storage.tool_result_ttl_days)
         self.dialog = PgDialog(self.pool, digest_cache=DigestCache(max_bytes=digest_cache_bytes))
         self.summaries = self.shared = PgSummaries(self.pool, owner=owner)
-        # Long-term memory has no PostgreSQL module yet: memory stays off on this backend.
-        self.memory: MemoryStore | None = None
+        self.pg_memory = PgMemory(self.pool)  # typed as itself: collect() expires through it
+        self.memory: MemoryStore | None = self.pg_memory
         self.sessions = PgSessions(self.pool)
         self.files = PgFiles(self.dialog, self.originals, self.summaries, self.sessions)
 
@@ -127,6 +128,11 @@ class PostgresBackend:
                        SELECT tenant, sum(size) FROM dialog_files GROUP BY tenant
                        UNION ALL
                        SELECT tenant, sum(octet_length(text)) FROM summaries GROUP BY tenant
+                       UNION ALL
+                       SELECT tenant, sum(size) FROM memory_days GROUP BY tenant
+                       UNION ALL
+                       SELECT tenant, sum(octet_length(text)) FROM memory_versions
+                           GROUP BY tenant
                    ) AS t GROUP BY tenant""").fetchall()
         return {str(t): int(n) for t, n in rows}
 
@@ -134,14 +140,16 @@ class PostgresBackend:
                 now: float | None = None) -> GcReport:
         """Expiry as the files backend does it (:mod:`proxy.store.gc`), in SQL: originals past
         their TTL; with ``dialog_ttl_days``, archive files last written before the cutoff (with
-        their index rows), summaries created before it and sessions not seen since."""
+        their index rows), summaries created before it, sessions not seen since, and long-term
+        memory as :func:`proxy.store.memory.expire_memory` does."""
         moment = time.time() if now is None else now
         deleted = self.originals.gc(moment)
-        files = summaries = sessions = 0
+        files = summaries = sessions = memory = 0
+        cutoff = (None if dialog_ttl_days is None
+                  else datetime.fromtimestamp(moment - dialog_ttl_days * 86400, UTC))
         with self.pool.connection() as conn:
             conn.execute("DELETE FROM claims WHERE expires_at < now()")
-            if dialog_ttl_days is not None:
-                cutoff = datetime.fromtimestamp(moment - dialog_ttl_days * 86400, UTC)
+            if cutoff is not None:
                 with conn.transaction():
                     old = conn.execute("DELETE FROM dialog_files WHERE updated_at < %s "
                                        "RETURNING tenant, session, file", (cutoff,)).fetchall()
@@ -154,11 +162,13 @@ class PostgresBackend:
                                              (cutoff,)).rowcount
                     sessions = conn.execute("DELETE FROM sessions WHERE last_seen < %s",
                                             (cutoff,)).rowcount
-        report = GcReport(tool_results=deleted, dialog_files=files, summaries=summaries,
-                          sessions=sessions, usage=usage.measure())
+        if cutoff is not None:
+            memory = self.pg_memory.expire(cutoff)
+        report = GcReport(tool_results=deleted, dialog_files=files, memory_files=memory,
+                          summaries=summaries, sessions=sessions, usage=usage.measure())
         if report.expired:
-            log.info("gc expired %d dialog files, %d summaries, %d sessions", files, summaries,
-                     sessions)
+            log.info("gc expired %d dialog files, %d summaries, %d sessions, %d memory files",
+                     files, summaries, sessions, memory)
         return report
 
     def ready(self) -> bool:

@@ -4,7 +4,9 @@ Every row is copied as it is (chains, positions, line numbers, timestamps), so s
 into the archive keep their meaning; every archive line is copied with its physical line number
 (a torn line too, so the numbering a pointer uses is the one a text viewer shows). Safe to run
 again: rows that exist are left alone (``ON CONFLICT DO NOTHING``), files whose line count the
-database already holds are skipped.
+database already holds are skipped. Long-term memory comes too: every scope's row, versions and
+pins from SQLite, its daily notes from ``<tenant>/memory/<scope>/memory/`` (a day the database
+already has is left alone; the ``MEMORY.md`` files are copies of the versions).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from .. import fs
 from ..db import Database, parse_ts
-from ..paths import DIALOG_DIR, TOOL_RESULT_DIR, db_path
+from ..paths import DIALOG_DIR, MEMORY_DAYS_DIR, MEMORY_DIR, TOOL_RESULT_DIR, db_path
 from ..summaries import SummaryStore
 from . import PgPool
 from .summaries import _COLUMNS as _SUMMARY_COLUMNS
@@ -35,6 +37,8 @@ class CopyReport:
     messages: int = 0
     summaries: int = 0
     sessions: int = 0
+    memory_days: int = 0
+    memory_versions: int = 0
 
 
 def copy_data_dir(data_dir: Path, pool: PgPool) -> CopyReport:
@@ -43,10 +47,14 @@ def copy_data_dir(data_dir: Path, pool: PgPool) -> CopyReport:
     try:
         for tenant in fs.subdirs(data_dir):
             for session in fs.subdirs(data_dir, (tenant,)):
+                if session == MEMORY_DIR:  # a reserved session name: the tenant's memory
+                    _copy_memory_days(data_dir, pool, tenant, report)
+                    continue
                 _copy_originals(data_dir, pool, tenant, session, report)
                 _copy_dialog(data_dir, pool, tenant, session, report)
         if db is not None:
             _copy_rows(db, pool, report)
+            _copy_memory_rows(db, pool, report)
     finally:
         if db is not None:
             db.close()
@@ -119,3 +127,46 @@ def _copy_rows(db: Database, pool: PgPool, report: CopyReport) -> None:
             report.summaries += conn.execute(
                 f"INSERT INTO summaries ({_SUMMARY_COLUMNS}) VALUES ({_SUMMARY_MARKS}) "
                 "ON CONFLICT DO NOTHING", _summary_row(rec)).rowcount
+
+
+def _copy_memory_days(data_dir: Path, pool: PgPool, tenant: str, report: CopyReport) -> None:
+    for scope in fs.subdirs(data_dir, (tenant, MEMORY_DIR)):
+        days = (tenant, MEMORY_DIR, scope, MEMORY_DAYS_DIR)
+        for entry in fs.list_files(data_dir, days, ".md"):
+            data = fs.read_bytes(data_dir, (*days, entry.name))
+            with pool.connection() as conn:
+                report.memory_days += conn.execute(
+                    """INSERT INTO memory_days (tenant, scope, day, content, size, updated_at)
+                       VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                    (tenant, scope, entry.name.removesuffix(".md"), data, len(data),
+                     datetime.fromtimestamp(entry.mtime, UTC))).rowcount
+
+
+def _copy_memory_rows(db: Database, pool: PgPool, report: CopyReport) -> None:
+    def ts(value: str | None) -> datetime | None:
+        return parse_ts(value) if value else None
+
+    with db.connect() as src:
+        scopes = src.execute("SELECT tenant, scope, version, last_entry_at, folded_at "
+                             "FROM memory_scopes").fetchall()
+        versions = src.execute("SELECT tenant, scope, version, text, created_at "
+                               "FROM memory_versions").fetchall()
+        pins = src.execute("SELECT tenant, scope, session, epoch, version, created_at "
+                           "FROM memory_pins").fetchall()
+    with pool.connection() as conn, conn.transaction():
+        # A fold lease is the source process's: it is not copied (a fold may start anew).
+        for t, s, v, last, folded in scopes:
+            conn.execute(
+                """INSERT INTO memory_scopes (tenant, scope, version, last_entry_at, folded_at)
+                   VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                (t, s, v, ts(last), ts(folded)))
+        for t, s, v, text, created in versions:
+            report.memory_versions += conn.execute(
+                """INSERT INTO memory_versions (tenant, scope, version, text, created_at)
+                   VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                (t, s, v, text, parse_ts(created))).rowcount
+        for t, s, session, epoch, v, created in pins:
+            conn.execute(
+                """INSERT INTO memory_pins (tenant, scope, session, epoch, version, created_at)
+                   VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                (t, s, session, epoch, v, parse_ts(created)))

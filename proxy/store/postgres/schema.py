@@ -6,10 +6,11 @@ replicas starting together (or ``ctxproxy db upgrade`` next to them) apply each 
 others wait on the lock and then find the version current. A database newer than this code is
 refused rather than misread.
 
-Adding a kind of state (e.g. long-term memory) is one more entry appended to
-:data:`MIGRATIONS` plus its module in this package; never edit a released entry.
+Adding a kind of state is one more entry appended to :data:`MIGRATIONS` plus its module in
+this package (as version 2 added long-term memory); never edit a released entry.
 
-Tables, one per kind (the module that owns it in brackets):
+Tables, one per kind (the module that owns it in brackets; the version that added it):
+  -- version 1
   originals        offloaded tool outputs                                      [originals]
   staged           originals of a key the provider has not accepted yet        [originals]
   dialog_lines     the archive's lines, by virtual file dialog/YYYY-MM-DD.jsonl [dialog]
@@ -18,6 +19,11 @@ Tables, one per kind (the module that owns it in brackets):
   summaries        summary records, first writer wins                          [summaries]
   claims           who is making which summary (cross-replica single flight)   [summaries]
   sessions         per-session counters for /files                              [sessions]
+  -- version 2
+  memory_scopes    per scope: version, newest fact, last fold, the fold lease    [memory]
+  memory_days      daily notes memory/YYYY-MM-DD.md, appended in place          [memory]
+  memory_versions  folded MEMORY.md versions, immutable, numbers never reused    [memory]
+  memory_pins      the version a session uses per epoch, first writer wins      [memory]
 """
 
 from __future__ import annotations
@@ -126,6 +132,47 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (tenant, session)
         )""",
         "CREATE INDEX sessions_by_last_seen ON sessions (tenant, last_seen)",
+    ),
+    (  # 2: long-term memory (issue 16)
+        """CREATE TABLE memory_scopes (
+            tenant        TEXT NOT NULL,
+            scope         TEXT NOT NULL,
+            version       INTEGER NOT NULL DEFAULT 0,
+            last_entry_at TIMESTAMPTZ,
+            folded_at     TIMESTAMPTZ,
+            lease_until   TIMESTAMPTZ,
+            lease_token   TEXT,
+            PRIMARY KEY (tenant, scope)
+        )""",
+        """CREATE TABLE memory_days (
+            tenant     TEXT NOT NULL,
+            scope      TEXT NOT NULL,
+            day        TEXT NOT NULL,
+            content    BYTEA NOT NULL,
+            size       BIGINT NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (tenant, scope, day)
+        )""",
+        "CREATE INDEX memory_days_by_time ON memory_days (updated_at)",
+        """CREATE TABLE memory_versions (
+            tenant     TEXT NOT NULL,
+            scope      TEXT NOT NULL,
+            version    INTEGER NOT NULL,
+            text       TEXT NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (tenant, scope, version)
+        )""",
+        "CREATE INDEX memory_versions_by_time ON memory_versions (created_at)",
+        """CREATE TABLE memory_pins (
+            tenant     TEXT NOT NULL,
+            scope      TEXT NOT NULL,
+            session    TEXT NOT NULL,
+            epoch      TEXT NOT NULL,
+            version    INTEGER NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (tenant, scope, session, epoch)
+        )""",
+        "CREATE INDEX memory_pins_by_time ON memory_pins (created_at)",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
