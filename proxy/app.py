@@ -185,6 +185,8 @@ def create_app(config: Config, *, stages: Sequence[Stage] | None = None) -> App:
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", Models(), methods=["GET"]),
         Route("/healthz", Health(), methods=["GET"]),
+        # Claude Code checks the base URL with HEAD / before its first request.
+        Route("/", Health(), methods=["GET"]),
         Route("/readyz", Ready(), methods=["GET"]),
         Route("/metrics", MetricsPage(), methods=["GET"]),
         Route("/files", files, methods=["GET"]),

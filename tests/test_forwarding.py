@@ -165,6 +165,13 @@ async def test_healthz(inproc: InProcess) -> None:
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
+async def test_the_root_answers_a_liveness_probe(inproc: InProcess) -> None:
+    """Claude Code sends ``HEAD /`` to its base URL before the first request."""
+    head = await inproc.client.head("/")
+    assert head.status_code == 200 and head.content == b""
+    assert (await inproc.client.get("/")).json() == {"status": "ok"}
+
+
 async def test_unknown_route_is_enveloped(inproc: InProcess) -> None:
     r = await inproc.client.get("/nope")
     assert r.status_code == 404
