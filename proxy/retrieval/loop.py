@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -85,8 +85,9 @@ def _request(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, 
     return {**body, "messages": messages}
 
 
-class Reader:
-    """The read tool for one upstream: when it is needed, its definition, and the loop."""
+class ReaderBase:
+    """What the three read loops share: the upstream, the tool, the round limit, and posting a
+    round. Subclasses add the wire format's loop."""
 
     enabled = True
 
@@ -98,29 +99,24 @@ class Reader:
     def needed(self, messages: Sequence[Any]) -> bool:
         return self.tool.needed(messages)
 
-    def with_tool(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.tool.with_tool(body)
-
-    async def _results(
-        self, identity: Identity, calls: list[Any], rounds: int, settled: Settled
-    ) -> list[dict[str, Any]]:
-        """The results of the proxy's own calls: the reads (off the event loop, after the
-        files they read are written), or, past ``max_rounds``, a notice that reading is over
-        for this turn (the model then answers with what it has)."""
+    async def _reads(
+        self, identity: Identity, calls: Sequence[dict[str, Any]], rounds: int, settled: Settled,
+        arguments: Callable[[dict[str, Any]], str], result: Callable[[dict[str, Any], str], Any],
+    ) -> list[Any]:
+        """The results of the proxy's own calls (``result(call, text)`` in the wire format): the
+        reads, off the event loop and after the files they read are written, or, past
+        ``max_rounds``, a notice that reading is over for this turn (the model then answers with
+        what it has)."""
         if rounds >= self.max_rounds:
             text = (f"error: the limit of {self.max_rounds} reads for this turn is reached; "
                     "continue with what you have read")
-            return [{"role": "tool", "tool_call_id": c.get("id"), "content": text} for c in calls]
+            return [result(c, text) for c in calls]
         if settled is not None:
             await settled()
         tool = self.tool
 
-        def run() -> list[dict[str, Any]]:
-            return [
-                {"role": "tool", "tool_call_id": c.get("id"),
-                 "content": tool.run(identity, (c.get("function") or {}).get("arguments") or "{}")}
-                for c in calls
-            ]
+        def run() -> list[Any]:
+            return [result(c, tool.run(identity, arguments(c))) for c in calls]
 
         return await asyncio.to_thread(run)
 
@@ -129,12 +125,88 @@ class Reader:
         return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
 
     async def _post(
-        self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any], on_status: OnStatus
+        self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any] | bytes,
+        on_status: OnStatus,
     ) -> aiohttp.ClientResponse:
-        resp = await self.upstream.send("POST", url, headers, orjson.dumps(req))
+        data = req if isinstance(req, bytes) else orjson.dumps(req)
+        resp = await self.upstream.send("POST", url, headers, data)
         if on_status is not None:
             await on_status(resp.status)
         return resp
+
+
+class StreamOut:
+    """The client's side of one streamed answer made of several upstream rounds: the response
+    starts with the first round's headers, every chunk is tapped as it goes out, and a round that
+    fails once the client has its 200 ends the stream with the wire format's error event."""
+
+    def __init__(self, send: Send, tap: Callable[[bytes], None], extra: Headers,
+                 scrub: Callable[[int, bytes], bytes]) -> None:
+        self.send = send
+        self.tap = tap
+        self.extra = extra
+        self.scrub = scrub
+        self.started = False
+
+    async def emit(self, chunk: bytes) -> None:
+        self.tap(chunk)
+        await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def relay(
+        self, resp: aiohttp.ClientResponse, feed: Callable[[str, bytes], Iterable[bytes]]
+    ) -> bool:
+        """Relay one round's events through ``feed(event name, data)``. False when the upstream
+        answered something else than a stream before the client's response started: that answer
+        went to the client whole, and the loop is over."""
+        if resp.status != 200 or resp.content_type != "text/event-stream":
+            payload = self.scrub(resp.status, await read_whole(resp))
+            if not self.started:
+                await send_whole(self.send, resp.status, response_headers(resp) + self.extra,
+                                 payload)
+                return False
+            raise UpstreamStatusError(f"upstream answered {resp.status} in a read round")
+        if not self.started:
+            await self.send({"type": "http.response.start", "status": 200,
+                             "headers": response_headers(resp) + self.extra})
+            self.started = True
+        decoder = SSEDecoder()
+        try:
+            async for chunk in resp.content.iter_any():
+                for event in decoder.feed(chunk):
+                    for out in feed(event.event, event.data):
+                        await self.emit(out)
+        except TimeoutError:
+            raise UpstreamTimeout("upstream stream stalled") from None
+        except aiohttp.ClientError:
+            raise UpstreamError("upstream stream broke off", code="upstream_stream_broken") from None
+        return True
+
+    async def fail(self, exc: ProxyError, event: Callable[[ProxyError], bytes]) -> None:
+        """A round failed. Before the client's response started, the error is its answer
+        (raised again); after, the stream ends with ``event(exc)`` (no further round)."""
+        if not self.started:
+            raise exc
+        log.warning("read round failed: %s", exc.message)
+        await self.emit(event(exc))
+        await self.end()
+
+    async def end(self) -> None:
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class Reader(ReaderBase):
+    """The read tool for one upstream: when it is needed, its definition, and the loop."""
+
+    def with_tool(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.tool.with_tool(body)
+
+    async def _results(
+        self, identity: Identity, calls: list[Any], rounds: int, settled: Settled
+    ) -> list[dict[str, Any]]:
+        return await self._reads(
+            identity, calls, rounds, settled,
+            lambda c: (c.get("function") or {}).get("arguments") or "{}",
+            lambda c, text: {"role": "tool", "tool_call_id": c.get("id"), "content": text})
 
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
@@ -193,53 +265,26 @@ class Reader:
         want_usage = bool(options.get("include_usage"))
         body = {**body, "stream_options": {**options, "include_usage": True}}
         messages = list(body["messages"])
-        started = False
         meta: dict[str, Any] = {}
         client_index: dict[int, int] = {}
-
-        async def emit(chunk: bytes) -> None:
-            tap(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
+        out = StreamOut(send, tap, extra, self._scrub)
         while True:
             last = state.rounds > self.max_rounds
+            rnd = _Round(self.tool.name, client_index, meta, want_usage)
             try:
                 resp = await self._post(url, headers, _request(body, messages), on_status)
                 async with resp:
-                    if resp.status != 200 or resp.content_type != "text/event-stream":
-                        payload = self._scrub(resp.status, await read_whole(resp))
-                        if not started:
-                            await send_whole(send, resp.status, response_headers(resp) + extra,
-                                             payload)
-                            return state
-                        raise UpstreamStatusError(
-                            f"upstream answered {resp.status} in a read round")
-                    if not started:
-                        await send({"type": "http.response.start", "status": 200,
-                                    "headers": response_headers(resp) + extra})
-                        started = True
-                    rnd = _Round(self.tool.name, client_index, want_usage)
-                    try:
-                        async for event in _events(resp):
-                            for out in rnd.feed(event, meta):
-                                await emit(out)
-                    except TimeoutError:
-                        raise UpstreamTimeout("upstream stream stalled") from None
-                    except aiohttp.ClientError:
-                        raise UpstreamError("upstream stream broke off",
-                                            code="upstream_stream_broken") from None
+                    if not await out.relay(resp, rnd.feed):
+                        return state
             except ProxyError as exc:
-                if not started:
-                    raise
-                # The client has its 200 (and maybe text): end the stream with an error event
+                # The client has its 200 (and maybe text): the stream ends with an error event
                 # and no [DONE], as a stream broken mid-way ends.
-                log.warning("read round failed: %s", exc.message)
-                await emit(sse_error_event(exc.message, exc.code or "upstream_error"))
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await out.fail(exc, lambda e: sse_error_event(e.message,
+                                                              e.code or "upstream_error"))
                 return state
             state.add_usage(rnd.usage)
             if rnd.failed:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await out.end()
                 return state
             if rnd.ours and not rnd.theirs and not last:
                 calls = rnd.our_calls()
@@ -249,26 +294,29 @@ class Reader:
                 state.internal += [msg, *results]
                 state.rounds += 1
                 continue
-            for out in rnd.finish(meta):
-                await emit(out)
+            for chunk in rnd.finish(meta):
+                await out.emit(chunk)
             break
         if want_usage and state.usage is not None:
-            await emit(b"data: " + orjson.dumps({**meta, "object": "chat.completion.chunk",
-                                                   "choices": [], "usage": state.usage}) + b"\n\n")
+            await out.emit(b"data: " + orjson.dumps({**meta, "object": "chat.completion.chunk",
+                                                       "choices": [], "usage": state.usage})
+                           + b"\n\n")
         if settled is not None:
             await settled()  # held writes done before the answer is complete
-        await emit(_DONE)
+        await out.emit(_DONE)
         if finish is not None:
             await finish(state)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await out.end()
         return state
 
 
 class _Round:
     """Filters one round's chunks: withholds the proxy's tool calls and the usage chunk."""
 
-    def __init__(self, name: str, client_index: dict[int, int], want_usage: bool = True) -> None:
+    def __init__(self, name: str, client_index: dict[int, int], meta: dict[str, Any],
+                 want_usage: bool = True) -> None:
         self.name = name
+        self.meta = meta  # id, created, model of the answer, from the first chunks
         self.want_usage = want_usage
         self.mine: dict[int, bool] = {}
         self.calls: dict[int, dict[str, Any]] = {}
@@ -280,7 +328,8 @@ class _Round:
         self.pending_finish: dict[str, Any] | None = None
         self.failed = False
 
-    def feed(self, data: bytes, meta: dict[str, Any]) -> list[bytes]:
+    def feed(self, event: str, data: bytes) -> list[bytes]:
+        meta = self.meta
         if data == b"[DONE]":
             return []
         try:
@@ -361,14 +410,6 @@ class _Round:
             choice["finish_reason"] = "stop"
         chunk = {**meta, "object": "chat.completion.chunk", "choices": [choice]}
         return [b"data: " + orjson.dumps(chunk) + b"\n\n"]
-
-
-async def _events(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The data of each SSE event of a response, framed as any SSE client frames it."""
-    decoder = SSEDecoder()
-    async for chunk in resp.content.iter_any():
-        for event in decoder.feed(chunk):
-            yield event.data
 
 
 def _completion(payload: bytes) -> dict[str, Any] | None:

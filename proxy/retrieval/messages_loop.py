@@ -18,26 +18,22 @@ rounds and the ``message_delta``/``message_stop`` of internal rounds are withhel
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.types import Send
 from yarl import URL
 
 from ..asgi import Headers, send_whole
-from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from ..errors import ProxyError
 from ..formats import json
 from ..formats.messages_answer import MessagesAssembler
 from ..session import Identity
-from ..upstream.http import Upstream, response_headers
-from ..upstream.relay import anthropic_error_event, read_whole, redact_secret
-from ..upstream.sse import SSEDecoder
-from .loop import Finish, OnStatus, Rounds, Settled
-from .tool import ReadTool
+from ..upstream.http import response_headers
+from ..upstream.relay import anthropic_error_event, read_whole
+from .loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut
 
 __all__ = ["MessagesReader"]
 
@@ -48,17 +44,7 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-class MessagesReader:
-    enabled = True
-
-    def __init__(self, upstream: Upstream, tool: ReadTool, max_rounds: int) -> None:
-        self.upstream = upstream
-        self.tool = tool
-        self.max_rounds = max_rounds
-
-    def needed(self, messages: Sequence[Any]) -> bool:
-        return self.tool.needed(messages)
-
+class MessagesReader(ReaderBase):
     def definition(self) -> dict[str, Any]:
         fn = self.tool.definition()["function"]
         return {"name": fn["name"], "description": fn["description"],
@@ -84,32 +70,10 @@ class MessagesReader:
     async def _results(
         self, identity: Identity, calls: list[dict[str, Any]], rounds: int, settled: Settled
     ) -> list[dict[str, Any]]:
-        if rounds >= self.max_rounds:
-            text = (f"error: the limit of {self.max_rounds} reads for this turn is reached; "
-                    "continue with what you have read")
-            return [{"type": "tool_result", "tool_use_id": c.get("id"), "content": text}
-                    for c in calls]
-        if settled is not None:
-            await settled()
-        tool = self.tool
-
-        def run() -> list[dict[str, Any]]:
-            return [{"type": "tool_result", "tool_use_id": c.get("id"),
-                     "content": tool.run(identity, orjson.dumps(c.get("input") or {}).decode())}
-                    for c in calls]
-
-        return await asyncio.to_thread(run)
-
-    def _scrub(self, status: int, payload: bytes) -> bytes:
-        return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
-
-    async def _post(
-        self, url: URL, headers: list[tuple[str, str]], req: bytes, on_status: OnStatus
-    ) -> aiohttp.ClientResponse:
-        resp = await self.upstream.send("POST", url, headers, req)
-        if on_status is not None:
-            await on_status(resp.status)
-        return resp
+        return await self._reads(
+            identity, calls, rounds, settled,
+            lambda c: orjson.dumps(c.get("input") or {}).decode(),
+            lambda c, text: {"type": "tool_result", "tool_use_id": c.get("id"), "content": text})
 
     def _encoder(self, body: dict[str, Any], raw: bytes | None) -> _Encoder:
         return _Encoder(body, raw, self.definition())
@@ -176,51 +140,22 @@ class MessagesReader:
         seen = [0]  # content blocks the client has seen, over all rounds
         encoder = self._encoder(body, raw)
         req = encoder.request()
-        started = False
-
-        async def emit(chunk: bytes) -> None:
-            tap(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
+        out = StreamOut(send, tap, extra, self._scrub)
         while True:
             last = state.rounds > self.max_rounds
             rnd = _Round(self._ours, seen, first=state.rounds == 0)
             try:
                 resp = await self._post(url, headers, req, on_status)
                 async with resp:
-                    if resp.status != 200 or resp.content_type != "text/event-stream":
-                        payload = self._scrub(resp.status, await read_whole(resp))
-                        if not started:
-                            await send_whole(send, resp.status, response_headers(resp) + extra,
-                                             payload)
-                            return state
-                        raise UpstreamStatusError(
-                            f"upstream answered {resp.status} in a read round")
-                    if not started:
-                        await send({"type": "http.response.start", "status": 200,
-                                    "headers": response_headers(resp) + extra})
-                        started = True
-                    decoder = SSEDecoder()
-                    try:
-                        async for chunk in resp.content.iter_any():
-                            for event in decoder.feed(chunk):
-                                for out in rnd.feed(event.event, event.data):
-                                    await emit(out)
-                    except TimeoutError:
-                        raise UpstreamTimeout("upstream stream stalled") from None
-                    except aiohttp.ClientError:
-                        raise UpstreamError("upstream stream broke off",
-                                            code="upstream_stream_broken") from None
+                    if not await out.relay(resp, rnd.feed):
+                        return state
             except ProxyError as exc:
-                if not started:
-                    raise
-                log.warning("read round failed: %s", exc.message)
-                await emit(anthropic_error_event(exc.message, exc.code or "upstream_error"))
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await out.fail(exc, lambda e: anthropic_error_event(e.message,
+                                                                    e.code or "upstream_error"))
                 return state
             state.add_usage(rnd.usage())
             if rnd.failed:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await out.end()
                 return state
             content = rnd.assembler.content()
             ours, theirs = self._split(content)
@@ -231,14 +166,14 @@ class MessagesReader:
                 req = encoder.request(content, results)
                 state.rounds += 1
                 continue
-            for out in rnd.finish(state.usage, bool(ours) and not theirs):
-                await emit(out)
+            for chunk in rnd.finish(state.usage, bool(ours) and not theirs):
+                await out.emit(chunk)
             break
         if settled is not None:
             await settled()
         if finish is not None:
             await finish(state)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await out.end()
         return state
 
 

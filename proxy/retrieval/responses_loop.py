@@ -19,24 +19,20 @@ the client saw, usage summed.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.types import Send
 from yarl import URL
 
 from ..asgi import Headers, send_whole
-from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from ..errors import ProxyError
 from ..session import Identity
-from ..upstream.http import Upstream, response_headers
-from ..upstream.relay import read_whole, redact_secret
-from ..upstream.sse import SSEDecoder
-from .loop import Finish, OnStatus, Rounds, Settled
-from .tool import ReadTool
+from ..upstream.http import response_headers
+from ..upstream.relay import read_whole
+from .loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut
 
 __all__ = ["ResponsesReader"]
 
@@ -52,17 +48,7 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-class ResponsesReader:
-    enabled = True
-
-    def __init__(self, upstream: Upstream, tool: ReadTool, max_rounds: int) -> None:
-        self.upstream = upstream
-        self.tool = tool
-        self.max_rounds = max_rounds
-
-    def needed(self, messages: Sequence[Any]) -> bool:
-        return self.tool.needed(messages)
-
+class ResponsesReader(ReaderBase):
     def with_tool(self, body: dict[str, Any]) -> dict[str, Any]:
         tools = body.get("tools")
         tools = list(tools) if isinstance(tools, list) else []
@@ -78,20 +64,10 @@ class ResponsesReader:
     async def _results(
         self, identity: Identity, calls: list[dict[str, Any]], rounds: int, settled: Settled
     ) -> list[dict[str, Any]]:
-        if rounds >= self.max_rounds:
-            text = (f"error: the limit of {self.max_rounds} reads for this turn is reached; "
-                    "continue with what you have read")
-            return [{"type": "function_call_output", "call_id": c.get("call_id"), "output": text}
-                    for c in calls]
-        if settled is not None:
-            await settled()
-        tool = self.tool
-
-        def run() -> list[dict[str, Any]]:
-            return [{"type": "function_call_output", "call_id": c.get("call_id"),
-                     "output": tool.run(identity, c.get("arguments") or "{}")} for c in calls]
-
-        return await asyncio.to_thread(run)
+        return await self._reads(
+            identity, calls, rounds, settled, lambda c: c.get("arguments") or "{}",
+            lambda c, text: {"type": "function_call_output", "call_id": c.get("call_id"),
+                             "output": text})
 
     def _next(
         self, body: dict[str, Any], items: list[Any], output: list[Any],
@@ -103,17 +79,6 @@ class ResponsesReader:
             return {**nxt, "previous_response_id": response_id, "input": results}
         items += [*output, *results]
         return {**body, "input": items}
-
-    def _scrub(self, status: int, payload: bytes) -> bytes:
-        return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
-
-    async def _post(
-        self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any], on_status: OnStatus
-    ) -> aiohttp.ClientResponse:
-        resp = await self.upstream.send("POST", url, headers, orjson.dumps(req))
-        if on_status is not None:
-            await on_status(resp.status)
-        return resp
 
     # -- not streaming ---------------------------------------------------------------------
 
@@ -176,53 +141,23 @@ class ResponsesReader:
         view = _ClientView()
         items = list(body.get("input") or [])
         req = body
-        started = False
-
-        async def emit(chunk: bytes) -> None:
-            tap(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
+        out = StreamOut(send, tap, extra, self._scrub)
         while True:
             last = state.rounds > self.max_rounds
             rnd = _Round(self._ours, view, first=state.rounds == 0)
             try:
                 resp = await self._post(url, headers, req, on_status)
                 async with resp:
-                    if resp.status != 200 or resp.content_type != "text/event-stream":
-                        payload = self._scrub(resp.status, await read_whole(resp))
-                        if not started:
-                            await send_whole(send, resp.status, response_headers(resp) + extra,
-                                             payload)
-                            return state
-                        raise UpstreamStatusError(
-                            f"upstream answered {resp.status} in a read round")
-                    if not started:
-                        await send({"type": "http.response.start", "status": 200,
-                                    "headers": response_headers(resp) + extra})
-                        started = True
-                    decoder = SSEDecoder()
-                    try:
-                        async for chunk in resp.content.iter_any():
-                            for event in decoder.feed(chunk):
-                                for out in rnd.feed(event.event, event.data):
-                                    await emit(out)
-                    except TimeoutError:
-                        raise UpstreamTimeout("upstream stream stalled") from None
-                    except aiohttp.ClientError:
-                        raise UpstreamError("upstream stream broke off",
-                                            code="upstream_stream_broken") from None
+                    if not await out.relay(resp, rnd.feed):
+                        return state
             except ProxyError as exc:
-                if not started:
-                    raise
-                log.warning("read round failed: %s", exc.message)
-                await emit(_event("error", {"type": "error", "code": exc.code,
-                                            "message": exc.message, "param": None,
-                                            "sequence_number": view.sequence()}))
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await out.fail(exc, lambda e: _event("error", {
+                    "type": "error", "code": e.code, "message": e.message, "param": None,
+                    "sequence_number": view.sequence()}))
                 return state
             state.add_usage(rnd.usage)
             if rnd.failed:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await out.end()
                 return state
             if rnd.ours and not rnd.theirs and not last and rnd.terminal is not None:
                 results = await self._results(identity, rnd.ours, state.rounds, settled)
@@ -230,14 +165,14 @@ class ResponsesReader:
                 req = self._next(body, items, rnd.output, results, rnd.response_id)
                 state.rounds += 1
                 continue
-            for out in rnd.finish(state.usage):
-                await emit(out)
+            for chunk in rnd.finish(state.usage):
+                await out.emit(chunk)
             break
         if settled is not None:
             await settled()
         if finish is not None:
             await finish(state)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await out.end()
         return state
 
 
