@@ -158,7 +158,48 @@ class _Pending(NamedTuple):
     message: Any
 
 
-def _role(message: Any) -> str | None:
+class Pending(NamedTuple):
+    """What one ``record`` call may write: the items (messages, then the answer's), the chains
+    of the messages, and the answer's chain. The same for every backend."""
+
+    items: list[_Pending]
+    chains: tuple[str, ...]
+    answer_chain: str | None
+
+
+def pending(
+    messages: Sequence[Any], chains: Sequence[str] | None,
+    answer: dict[str, Any] | Sequence[dict[str, Any]] | None,
+    digest_cache: DigestCacheLike | None,
+) -> Pending:
+    """The items a ``record`` call archives, each with its chain and parent (pure)."""
+    if chains is None:
+        chain_list = chain_hashes(messages, digest_cache)
+    else:
+        if len(chains) != len(messages):
+            raise ValueError(f"{len(chains)} chains for {len(messages)} messages")
+        chain_list = list(chains)
+    items = [_Pending(i, chain_list[i], chain_list[i - 1] if i else None, m)
+             for i, m in enumerate(messages)]
+    answer_chain: str | None = None
+    answers = [] if answer is None else [answer] if isinstance(answer, dict) else list(answer)
+    parent = chain_list[-1] if chain_list else None
+    for k, one in enumerate(answers):
+        answer_chain = chain_step(parent, one, digest_cache)
+        items.append(_Pending(len(messages) + k, answer_chain, parent, one))
+        parent = answer_chain
+    return Pending(items, tuple(chain_list), answer_chain)
+
+
+def line_of(item: _Pending, session: str, ts: str) -> bytes:
+    """An item's archive line (without the newline)."""
+    return line_json({"v": ARCHIVE_VERSION, "ts": ts, "session": session, "pos": item.pos,
+                      "chain": item.chain, "parent": item.parent, "role": role_of(item.message),
+                      "message": item.message})
+
+
+def role_of(message: Any) -> str | None:
+    """The role an archived message records (None for an item without one)."""
     if isinstance(message, dict):
         role = message.get("role")
         if isinstance(role, str):
@@ -207,24 +248,7 @@ class DialogArchive:
         """
         moment = utc(now)
         parts = dialog_parts(tenant, session, moment.date())
-        if chains is None:
-            chain_list = chain_hashes(messages, self.digest_cache)
-        else:
-            if len(chains) != len(messages):
-                raise ValueError(f"{len(chains)} chains for {len(messages)} messages")
-            chain_list = list(chains)
-        items = [
-            _Pending(i, chain_list[i], chain_list[i - 1] if i else None, m)
-            for i, m in enumerate(messages)
-        ]
-        answer_chain: str | None = None
-        answers = [] if answer is None else [answer] if isinstance(answer, dict) else list(answer)
-        parent = chain_list[-1] if chain_list else None
-        for k, one in enumerate(answers):
-            answer_chain = chain_step(parent, one, self.digest_cache)
-            items.append(_Pending(len(messages) + k, answer_chain, parent, one))
-            parent = answer_chain
-        frozen_chains = tuple(chain_list)
+        items, frozen_chains, answer_chain = pending(messages, chains, answer, self.digest_cache)
         if not items:
             return RecordResult(0, None, None, frozen_chains, answer_chain, False)
 
@@ -245,21 +269,7 @@ class DialogArchive:
             ).fetchone()
             last = row[0] if row is not None else None
             branched = last is not None and new[0].parent != last
-            lines = [
-                line_json(
-                    {
-                        "v": ARCHIVE_VERSION,
-                        "ts": ts,
-                        "session": session,
-                        "pos": it.pos,
-                        "chain": it.chain,
-                        "parent": it.parent,
-                        "role": _role(it.message),
-                        "message": it.message,
-                    }
-                )
-                for it in new
-            ]
+            lines = [line_of(it, session, ts) for it in new]
             first_line, appended = self._append(conn, tenant, session, rel, parts, lines)
             conn.executemany(
                 """INSERT OR REPLACE INTO messages
@@ -272,7 +282,7 @@ class DialogArchive:
                         it.chain,
                         it.pos,
                         it.parent,
-                        _role(it.message),
+                        role_of(it.message),
                         rel,
                         first_line + k,
                         ts,

@@ -19,11 +19,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from ..chains import DigestCacheLike, chain_hashes, chain_step
+from ..chains import DigestCacheLike
 from ..db import format_ts, utc
-from ..dialog import ARCHIVE_VERSION, FileSpan, LineRef, RecordResult, _Pending, _role
+from ..dialog import FileSpan, LineRef, RecordResult, line_of, pending, role_of
 from ..fs import Entry
-from ..jsonl import line_json
 from ..paths import DIALOG_DIR, check_name, dialog_filename
 from .pool import PgPool
 
@@ -58,22 +57,7 @@ class PgDialog:
         check_name(tenant, "tenant")
         check_name(session, "session")
         moment = utc(now)
-        if chains is None:
-            chain_list = chain_hashes(messages, self.digest_cache)
-        else:
-            if len(chains) != len(messages):
-                raise ValueError(f"{len(chains)} chains for {len(messages)} messages")
-            chain_list = list(chains)
-        items = [_Pending(i, chain_list[i], chain_list[i - 1] if i else None, m)
-                 for i, m in enumerate(messages)]
-        answer_chain: str | None = None
-        answers = [] if answer is None else [answer] if isinstance(answer, dict) else list(answer)
-        parent = chain_list[-1] if chain_list else None
-        for k, one in enumerate(answers):
-            answer_chain = chain_step(parent, one, self.digest_cache)
-            items.append(_Pending(len(messages) + k, answer_chain, parent, one))
-            parent = answer_chain
-        frozen = tuple(chain_list)
+        items, frozen, answer_chain = pending(messages, chains, answer, self.digest_cache)
         if not items:
             return RecordResult(0, None, None, frozen, answer_chain, False)
         rel = f"{DIALOG_DIR}/{dialog_filename(moment.date())}"
@@ -90,10 +74,7 @@ class PgDialog:
                                "session = %s", (tenant, session)).fetchone()
             last = row[0] if row is not None else None
             branched = last is not None and new[0].parent != last
-            bodies = [line_json({"v": ARCHIVE_VERSION, "ts": ts, "session": session,
-                                 "pos": it.pos, "chain": it.chain, "parent": it.parent,
-                                 "role": _role(it.message), "message": it.message})
-                      for it in new]
+            bodies = [line_of(it, session, ts) for it in new]
             row = conn.execute("SELECT lines FROM dialog_files WHERE tenant = %s AND "
                                "session = %s AND file = %s", (tenant, session, rel)).fetchone()
             first = (int(row[0]) if row is not None else 0) + 1
@@ -112,7 +93,7 @@ class PgDialog:
                         AS u(c, p, par, r, l)""",
                 (tenant, session, rel, moment,
                  [it.chain for it in new], [it.pos for it in new], [it.parent for it in new],
-                 [_role(it.message) for it in new], numbers),
+                 [role_of(it.message) for it in new], numbers),
             )
             conn.execute(
                 """INSERT INTO dialog_files (tenant, session, file, lines, size, updated_at)
