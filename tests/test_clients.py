@@ -412,21 +412,15 @@ def read_log(part: int) -> str:
     return OUTPUTS[part]
 
 
-def test_agents_tool_loop_offloads_and_compacts(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
-    from agents import (
-        Agent,
-        OpenAIChatCompletionsModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
-    )
+def run_log_agent(url: str, model_class: str) -> tuple[Any, list[dict[str, str]]]:
+    """The log-reading agent through the proxy with openai-agents' ``model_class``
+    (``OpenAIChatCompletionsModel`` or ``OpenAIResponsesModel``): its result, and the
+    ``x-ctxproxy-*`` headers of every model call."""
+    import agents
+    from agents import Agent, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
-    script = AgentScript()
-    fake.responder = script
-    srv = make_proxy(AGENT_CONFIG)
     OUTPUTS.clear()
-
     headers: list[dict[str, str]] = []
 
     async def on_response(resp: Any) -> None:
@@ -434,21 +428,28 @@ def test_agents_tool_loop_offloads_and_compacts(make_proxy: ProxyFactory, fake: 
 
     async def go() -> Any:
         client = asdk(
-            srv.url + "/v1",
+            url + "/v1",
             http_client=openai.DefaultAsyncHttpxClient(event_hooks={"response": [on_response]}),
         )
         agent = Agent(
             name="log reader",
             instructions="You read the service log part by part, then report.",
             tools=[function_tool(read_log)],
-            model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+            model=getattr(agents, model_class)(model=MODEL, openai_client=client),
         )
         try:
             return await Runner.run(agent, "Read all log parts and report.", max_turns=10)
         finally:
             await client.close()
 
-    result = asyncio.run(go())
+    return asyncio.run(go()), headers
+
+
+def test_agents_tool_loop_offloads_and_compacts(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
+    script = AgentScript()
+    fake.responder = script
+    srv = make_proxy(AGENT_CONFIG)
+    result, headers = run_log_agent(srv.url, "OpenAIChatCompletionsModel")
     assert result.final_output == AGENT_FINAL
     assert sorted(OUTPUTS) == list(range(AGENT_TOOL_TURNS))
 
@@ -512,35 +513,10 @@ def test_agents_default_responses_model_offloads_and_compacts(
 ) -> None:
     """openai-agents' default model speaks /v1/responses: the same offload and compaction as
     chat mode, with every call still paired with its output and reasoning items untouched."""
-    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
-
-    set_tracing_disabled(True)
     script = ResponsesAgentScript()
     fake.responder = script
     srv = make_proxy(AGENT_CONFIG)
-    OUTPUTS.clear()
-    headers: list[dict[str, str]] = []
-
-    async def on_response(resp: Any) -> None:
-        headers.append({k: v for k, v in resp.headers.items() if k.startswith("x-ctxproxy-")})
-
-    async def go() -> Any:
-        client = asdk(
-            srv.url + "/v1",
-            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"response": [on_response]}),
-        )
-        agent = Agent(
-            name="log reader",
-            instructions="You read the service log part by part, then report.",
-            tools=[function_tool(read_log)],
-            model=OpenAIResponsesModel(model=MODEL, openai_client=client),
-        )
-        try:
-            return await Runner.run(agent, "Read all log parts and report.", max_turns=10)
-        finally:
-            await client.close()
-
-    result = asyncio.run(go())
+    result, headers = run_log_agent(srv.url, "OpenAIResponsesModel")
     assert result.final_output == AGENT_FINAL
     assert sorted(OUTPUTS) == list(range(AGENT_TOOL_TURNS))
     calls = [r.json() for r in fake.received if r.path.endswith("/responses")]
