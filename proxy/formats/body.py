@@ -10,7 +10,7 @@ import orjson
 
 from ..errors import BadRequest
 
-__all__ = ["MAX_DEPTH", "json_type", "load_object", "require_model"]
+__all__ = ["MAX_DEPTH", "check_objects", "json_type", "load_object", "require_model"]
 
 # Deepest JSON nesting a body may have. orjson parses up to 1024 levels but serializes only 254,
 # and the proxy re-serializes parts of the body (and each message, for the archive and the
@@ -41,6 +41,20 @@ def require_model(body: dict[str, Any]) -> str:
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", param="model")
     return model
+
+
+def check_objects(items: list[Any], field: str, max_items: int, noun: str = "entries") -> None:
+    """The conversation array's checks every format shares: at most ``max_items`` entries, each
+    an object (a :class:`BadRequest` naming the first that is not)."""
+    if len(items) > max_items:
+        raise BadRequest(
+            f"'{field}' has {len(items)} {noun}; this proxy accepts at most {max_items}",
+            param=field,
+        )
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRequest(f"Invalid type for '{field}[{i}]': expected an object, but got "
+                             f"{json_type(item)} instead.", param=f"{field}[{i}]")
 
 
 def _deeper_than(value: dict[str, Any] | list[Any], budget: int) -> bool:

@@ -10,7 +10,7 @@ from ..errors import BadRequest
 from ..pipeline.model import Message
 from ..upstream.assemble import StreamAssembler, message_from_completion
 from . import Parsed, json
-from .body import json_type, load_object, require_model
+from .body import check_objects, json_type, load_object, require_model
 
 __all__ = ["CHAT", "ChatFormat", "ChatTap", "parse", "write"]
 
@@ -23,18 +23,8 @@ def parse(raw: bytes, max_messages: int = 100_000) -> dict[str, Any]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise BadRequest("'messages' is required and must be an array", param="messages")
-    if len(messages) > max_messages:
-        raise BadRequest(
-            f"'messages' has {len(messages)} entries; this proxy accepts at most {max_messages}",
-            param="messages",
-        )
+    check_objects(messages, "messages", max_messages)
     for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise BadRequest(
-                f"Invalid type for 'messages[{i}]': expected an object, but got "
-                f"{json_type(message)} instead.",
-                param=f"messages[{i}]",
-            )
         # The fields the pipeline dispatches on.
         for name, kind, expected in (("role", str, "a string"), ("tool_calls", list, "an array")):
             value = message.get(name)

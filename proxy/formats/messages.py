@@ -37,7 +37,7 @@ import orjson
 from ..errors import BadRequest
 from ..pipeline.model import Message
 from . import Parsed, json
-from .body import json_type, load_object, require_model
+from .body import check_objects, json_type, load_object, require_model
 from .messages_answer import MessagesTap
 
 __all__ = ["MAX_CACHE_MARKERS", "MESSAGES", "MessagesFormat", "cache_markers", "chat_tools"]
@@ -169,15 +169,8 @@ def _check(body: dict[str, Any], max_items: int) -> list[Any]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise BadRequest("'messages' is required and must be an array", param="messages")
-    if len(messages) > max_items:
-        raise BadRequest(
-            f"'messages' has {len(messages)} entries; this proxy accepts at most {max_items}",
-            param="messages",
-        )
+    check_objects(messages, "messages", max_items)
     for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise BadRequest(f"Invalid type for 'messages[{i}]': expected an object, but got "
-                             f"{json_type(message)} instead.", param=f"messages[{i}]")
         if not isinstance(message.get("role"), str):
             raise BadRequest(f"'messages[{i}].role' is required and must be a string",
                              param=f"messages[{i}].role")

@@ -31,7 +31,7 @@ import orjson
 from ..errors import BadRequest
 from ..pipeline.model import Message
 from . import Parsed, json
-from .body import json_type, load_object, require_model
+from .body import check_objects, json_type, load_object, require_model
 from .responses_answer import ResponsesTap
 
 __all__ = ["RESPONSES", "ResponsesFormat", "chat_tools"]
@@ -212,15 +212,7 @@ class ResponsesFormat:
         else:
             raise BadRequest(f"Invalid type for 'input': expected a string or an array, but got "
                              f"{json_type(given)} instead.", param="input")
-        if len(items) > max_items:
-            raise BadRequest(
-                f"'input' has {len(items)} items; this proxy accepts at most {max_items}",
-                param="input",
-            )
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise BadRequest(f"Invalid type for 'input[{i}]': expected an object, but got "
-                                 f"{json_type(item)} instead.", param=f"input[{i}]")
+        check_objects(items, "input", max_items, "items")
         instructions = body.get("instructions")
         history, spans = _history(items, instructions)
         archived: list[Any] = list(items)
