@@ -52,6 +52,8 @@ class PgPool:
         self.retry_s = retry_s
         self.failures = 0  # store calls that failed for want of the database (a metric)
         self._down = False
+        self._up = threading.Event()  # set while the pool is up (wait_up)
+        self._up.set()
         self._closed = False
         self._prober: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -84,6 +86,11 @@ class PgPool:
     def up(self) -> bool:
         return not self._down
 
+    def wait_up(self, timeout: float) -> bool:
+        """Block until the pool is up again (the prober found the database), at most
+        ``timeout`` seconds; whether it is."""
+        return self._up.wait(timeout)
+
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A connection in autocommit mode (use ``conn.transaction()`` for more than one
@@ -106,6 +113,7 @@ class PgPool:
                 first = str(exc).strip().splitlines()[:1] or [type(exc).__name__]
                 log.error("the database is unavailable (%s): serving without the store", first[0])
                 self._down = True
+                self._up.clear()
                 if self._prober is None or not self._prober.is_alive():
                     self._prober = threading.Thread(target=self._probe, name="pg-probe",
                                                     daemon=True)
@@ -129,6 +137,7 @@ class PgPool:
                 self._pool.check()
             with self._lock:
                 self._down = False
+                self._up.set()
             log.warning("the database is reachable again")
             return
 
