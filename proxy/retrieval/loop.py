@@ -120,6 +120,22 @@ class ReaderBase:
 
         return await asyncio.to_thread(run)
 
+    @staticmethod
+    async def _answer(
+        send: Send, status: int, headers: Headers, final: bytes, state: Rounds,
+        tap: Callable[[bytes], None], settled: Settled, finish: Finish,
+    ) -> Rounds:
+        """The whole answer at the end of a non-streamed loop: tapped, the held writes and (on a
+        shared store) the archive done before it is sent, with the number of read rounds."""
+        tap(final)
+        if settled is not None:
+            await settled()
+        if finish is not None:
+            await finish(state)
+        rounds = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
+        await send_whole(send, status, [*headers, rounds], final)
+        return state
+
     def _scrub(self, status: int, payload: bytes) -> bytes:
         """An error body passes through without the proxy's own key (as the forwarder does)."""
         return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
@@ -244,14 +260,8 @@ class Reader(ReaderBase):
                 if state.usage is not None:
                     data["usage"] = state.usage
                 final = orjson.dumps(data)
-            tap(final)
-            rounds_h = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
-            if settled is not None:
-                await settled()  # held writes done before the answer is complete
-            if finish is not None:
-                await finish(state)
-            await send_whole(send, status, out_headers + extra + [rounds_h], final)
-            return state
+            return await self._answer(send, status, out_headers + extra, final, state, tap,
+                                      settled, finish)
 
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],

@@ -120,14 +120,8 @@ class ResponsesReader(ReaderBase):
                 if state.usage is not None:
                     data["usage"] = state.usage
                 final = orjson.dumps(data)
-            tap(final)
-            if settled is not None:
-                await settled()
-            if finish is not None:
-                await finish(state)
-            rounds_h = (b"x-ctxproxy-read-rounds", str(state.rounds).encode())
-            await send_whole(send, status, out_headers + extra + [rounds_h], final)
-            return state
+            return await self._answer(send, status, out_headers + extra, final, state, tap,
+                                      settled, finish)
 
     # -- streaming ---------------------------------------------------------------------------
 
