@@ -93,19 +93,7 @@ class SummarizerClient:
         if params is not None:
             answer = await self.router.complete(params, body)
             return _content(answer.body or b"")
-        up = self.upstream
-        out = up.request_headers(headers + [(b"content-type", b"application/json")])
-        resp = await up.send("POST", up.url("chat/completions"), out, orjson.dumps(body))
-        async with resp:
-            try:
-                payload = await resp.read()
-            except Exception as exc:
-                raise UpstreamError(f"summarizer answer broke off: {type(exc).__name__}") from None
-            if resp.status != 200:
-                # Status and the error's type/code only: error bodies may echo the caller's key
-                # ("Incorrect API key provided: sk-..."), and this message is logged.
-                raise SummarizerError(f"summarizer got HTTP {resp.status}{_error_code(payload)}")
-        return _content(payload)
+        return _content(await _post(self.upstream, "chat/completions", headers, body))
 
 
     async def _call_messages(
@@ -125,15 +113,7 @@ class SummarizerClient:
             body["system"] = system
         if not any(k == b"anthropic-version" for k, _ in headers):
             headers = [*headers, (b"anthropic-version", b"2023-06-01")]
-        out = up.request_headers(headers + [(b"content-type", b"application/json")])
-        resp = await up.send("POST", up.url("v1/messages"), out, orjson.dumps(body))
-        async with resp:
-            try:
-                payload = await resp.read()
-            except Exception as exc:
-                raise UpstreamError(f"summarizer answer broke off: {type(exc).__name__}") from None
-            if resp.status != 200:
-                raise SummarizerError(f"summarizer got HTTP {resp.status}{_error_code(payload)}")
+        payload = await _post(up, "v1/messages", headers, body)
         try:
             data = orjson.loads(payload)
             text = "".join(b["text"] for b in data["content"] if b.get("type") == "text")
@@ -169,3 +149,21 @@ def _content(payload: bytes) -> str:
     if not isinstance(content, str):
         raise SummarizerError("summarizer answer has no text")
     return content
+
+
+async def _post(
+    up: Upstream, path: str, headers: list[tuple[bytes, bytes]], body: dict[str, Any]
+) -> bytes:
+    """The summarizer call's answer body; a :class:`SummarizerError` for any status but 200."""
+    out = up.request_headers(headers + [(b"content-type", b"application/json")])
+    resp = await up.send("POST", up.url(path), out, orjson.dumps(body))
+    async with resp:
+        try:
+            payload = await resp.read()
+        except Exception as exc:
+            raise UpstreamError(f"summarizer answer broke off: {type(exc).__name__}") from None
+        if resp.status != 200:
+            # Status and the error's type/code only: error bodies may echo the caller's key
+            # ("Incorrect API key provided: sk-..."), and this message is logged.
+            raise SummarizerError(f"summarizer got HTTP {resp.status}{_error_code(payload)}")
+    return payload
