@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from session import stability  # bench/session.py: the same measure for both formats
 
 from proxy.app import create_app
 from proxy.config import config_from_mapping
@@ -132,16 +133,6 @@ def units(body: dict[str, Any]) -> list[bytes]:
         head += [orjson.dumps(b, option=opt) for b in body["system"]] \
             if isinstance(body["system"], list) else [orjson.dumps(body["system"])]
     return head + [orjson.dumps(m, option=opt) for m in body["messages"]]
-
-
-def stability(a: list[bytes], b: list[bytes]) -> float:
-    total = sum(len(u) for u in a)
-    shared = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        shared += len(x)
-    return shared / total if total else 1.0
 
 
 def report(name: str, figures: list[TurnFigures], forwarded: list[dict[str, Any]],
