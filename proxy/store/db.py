@@ -49,6 +49,7 @@ __all__ = [
     "Database",
     "SchemaError",
     "SessionRow",
+    "check_counters",
     "format_ts",
     "parse_ts",
     "utc",
@@ -162,6 +163,19 @@ SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 # Counters update_session_stats may touch. "messages" is maintained by the dialog archive.
 SESSION_COUNTERS: Final = frozenset({"turns", "tokens_in", "tokens_out", "compactions", "offloads"})
+
+
+def check_counters(tenant: str, session: str, increments: dict[str, int]) -> list[str]:
+    """The names of ``increments``, sorted, once each is a known counter with an int (they
+    become column names in SQL: only the whitelist gets there)."""
+    check_name(tenant, "tenant")
+    check_name(session, "session")
+    for key, value in increments.items():
+        if key not in SESSION_COUNTERS:
+            raise ValueError(f"unknown session counter: {key!r}")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"session counter {key!r} must be an int, got {value!r}")
+    return sorted(increments)
 
 
 def utc(now: datetime | None = None) -> datetime:
@@ -399,14 +413,7 @@ class Database:
     ) -> SessionRow:
         """Add ``increments`` to the named counters (``turns``, ``tokens_in``, ``tokens_out``,
         ``compactions``, ``offloads``), creating the row on first use; returns the new row."""
-        check_name(tenant, "tenant")
-        check_name(session, "session")
-        for key, value in increments.items():
-            if key not in SESSION_COUNTERS:
-                raise ValueError(f"unknown session counter: {key!r}")
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"session counter {key!r} must be an int, got {value!r}")
-        names = sorted(increments)
+        names = check_counters(tenant, session, increments)
         ts = format_ts(utc(now))
         # Column names come only from the SESSION_COUNTERS whitelist checked above.
         cols = "".join(f", {n}" for n in names)

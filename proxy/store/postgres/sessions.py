@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from ..db import SESSION_COUNTERS, SessionRow, utc
-from ..paths import check_name
+from ..db import SessionRow, check_counters, utc
 from .pool import PgPool
 
 __all__ = ["PgSessions"]
@@ -31,14 +30,7 @@ class PgSessions:
     def update_session_stats(
         self, tenant: str, session: str, *, now: datetime | None = None, **increments: int
     ) -> SessionRow:
-        check_name(tenant, "tenant")
-        check_name(session, "session")
-        for key, value in increments.items():
-            if key not in SESSION_COUNTERS:
-                raise ValueError(f"unknown session counter: {key!r}")
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"session counter {key!r} must be an int, got {value!r}")
-        names = sorted(increments)
+        names = check_counters(tenant, session, increments)
         # Column names come only from the SESSION_COUNTERS whitelist checked above.
         cols = "".join(f", {n}" for n in names)
         marks = ", %s" * len(names)
