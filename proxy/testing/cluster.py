@@ -11,7 +11,6 @@ may have been billed). :class:`Cluster` starts N replicas of one config file and
 from __future__ import annotations
 
 import contextlib
-import http.client
 import shutil
 import subprocess
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from .process import ProxyProcess, free_port
+from .process import ProxyProcess, free_port, healthy
 
 __all__ = ["Cluster", "Haproxy", "find_haproxy", "haproxy_config"]
 
@@ -60,17 +59,6 @@ backend replicas
 """
 
 
-def _answers(port: int) -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-    try:
-        conn.request("GET", "/healthz")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
 class Haproxy:
     def __init__(self, workdir: Path, backends: Sequence[tuple[str, int]]) -> None:
         binary = find_haproxy()
@@ -92,7 +80,7 @@ class Haproxy:
             self.proc = subprocess.Popen([self.binary, "-db", "-f", str(self.config_path)],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
-        while not _answers(self.port):
+        while not healthy("127.0.0.1", self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError("haproxy did not start: "

@@ -16,7 +16,7 @@ from typing import Self
 
 from .servers import format_url
 
-__all__ = ["ProxyProcess", "free_port"]
+__all__ = ["ProxyProcess", "free_port", "healthy"]
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on right now (the caller binds it later; fine for tests)."""
@@ -26,7 +26,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _healthy(host: str, port: int, timeout: float) -> bool:
+def healthy(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether ``GET /healthz`` on ``host:port`` answers 200 now."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", "/healthz")
@@ -103,7 +104,7 @@ class ProxyProcess:
                 log.close()  # the child has its own descriptor now
         deadline = began + timeout
         while True:
-            if _healthy(self.host, self.port, timeout=1.0):
+            if healthy(self.host, self.port, timeout=1.0):
                 took = time.perf_counter() - began
                 self.startup_s.append(took)
                 return took
