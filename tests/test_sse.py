@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.retrieval.loop import _events
+from proxy.retrieval.loop import StreamOut
 from proxy.upstream.sse import DEFAULT_MAX_EVENT_BYTES, Event, SSEDecoder
 
 from .conftest import examples
@@ -80,9 +80,22 @@ async def test_read_loop_events_crlf_split_across_chunks(chunks: list[bytes]) ->
                 yield chunk
 
     class Response:
+        status = 200
+        content_type = "text/event-stream"
+        raw_headers: list[tuple[bytes, bytes]] = []
         content = Content()
 
-    got = [data async for data in _events(cast(Any, Response()))]
+    async def send(message: Any) -> None:
+        return None
+
+    got: list[bytes] = []
+
+    def feed(name: str, data: bytes) -> list[bytes]:
+        got.append(data)
+        return []
+
+    out = StreamOut(send, lambda chunk: None, [], lambda status, body: body)
+    assert await out.relay(cast(Any, Response()), feed)
     assert got == [b'{"a": 1}', b'{"b": 2}']
 
 
