@@ -19,11 +19,15 @@ client's bytes. A message that lost or changed a part is rebuilt from its blocks
 byte for byte, a cut ``tool_result`` with its new content (the block's other fields, such as
 ``cache_control``, kept), a placeholder result the validator added for an unanswered call. An
 assistant message is never rebuilt (thinking signatures are verified by the provider): it goes
-out as sent, or not at all. What the pipeline adds as a system message (a summary) becomes a
-text block after the client's ``system`` blocks (and ``system`` messages the client put before
-its first assistant turn, which a compaction evicted, are put back after the first kept one); a ``cache_control`` marker evicted with the
-turns it stood on moves to that block when the request has fewer than the provider's four, so
-the new prefix caches.
+out as sent, or without its ``thinking`` and ``redacted_thinking`` blocks (all of them, the other
+blocks byte for byte: a turn a compaction kept, :mod:`proxy.pipeline.epoch`), or not at all. What
+the pipeline adds as a system message (a summary, memory) becomes a ``role: "system"`` message in
+``messages`` where the pipeline put it, never an edit of the ``system`` field (every signed
+thinking block is bound to it, and it is the provider's first cache breakpoint); ``system``
+messages the client put before its first assistant turn, which a compaction evicted, are put
+back after it and the first kept message; a ``cache_control`` marker evicted with the turns it
+stood on moves to the first added message when the request has fewer than the provider's four,
+so the new prefix caches.
 """
 
 from __future__ import annotations

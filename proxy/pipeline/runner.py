@@ -11,6 +11,8 @@ out through the services.
                         planned again
       prepare        -> compactor.prepare() (background)
       still over     -> Offloader.harder() on every kept result             pure -> originals
+    epoch            <- drop_thinking(): the kept turns produced before the epoch (the
+                        summary's request) lose their signed thinking blocks  pure
     memory           <- memory.message() (the version pinned for the session and the summary
                         in use), inserted after the leading system messages  pure
     validate, count                                                         pure
