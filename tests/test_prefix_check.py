@@ -54,8 +54,9 @@ def result(n: int) -> dict[str, Any]:
 def conversation(binder: Binder, turns: int) -> dict[str, Any]:
     """An append-only history: the user's request, then ``turns`` answered Reads (assistant
     turns at messages 1, 3, 5...), each answer signed after the history as it was then."""
-    body: dict[str, Any] = {"model": "claude-opus-5-5", "max_tokens": 1024, "system": SYSTEM,
-                            "tools": TOOLS, "messages": [{"role": "user", "content": "go"}]}
+    body: dict[str, Any] = copy.deepcopy({
+        "model": "claude-opus-5-5", "max_tokens": 1024, "system": SYSTEM, "tools": TOOLS,
+        "messages": [{"role": "user", "content": "go"}]})
     for n in range(turns):
         body["messages"] = [*body["messages"], answer(binder, body, n), result(n)]
     return body
@@ -142,6 +143,22 @@ def test_cache_control_and_json_spelling_are_no_part_of_the_prefix() -> None:
     body["tools"][0]["cache_control"] = EPHEMERAL
     respelled = orjson.loads(orjson.dumps(_reverse_keys(body), option=orjson.OPT_INDENT_2))
     assert binder.check(body) == [] and binder.check(respelled) == []
+
+
+def test_a_string_content_is_the_text_block_it_stands_for() -> None:
+    """Claude Code sends its newest ``role: "system"`` message as blocks, then as a string."""
+    binder = Binder()
+    body = conversation(binder, 0)
+    body["messages"] = [*body["messages"], {"role": "system", "content": [
+        {"type": "text", "text": "# Environment", "cache_control": EPHEMERAL}]}]
+    body["messages"] = [*body["messages"], answer(binder, body, 0), result(0)]
+    body["messages"][1]["content"] = "# Environment"
+    body["messages"][0]["content"] = [{"type": "text", "text": "go"}]
+    body["messages"][3]["content"][0]["content"] = [{"type": "text", "text": "contents of f0"}]
+    body["system"] = "You read files."
+    assert binder.check(body) == []
+    body["messages"][1]["content"] = "# Environment\n"
+    assert positions(binder.check(body)) == [(2, 0)]
 
 
 def _reverse_keys(value: Any) -> Any:
@@ -305,8 +322,9 @@ def sdk_session(ant: anthropic.Anthropic, fake: FakeUpstream, turns: int) -> dic
     """``turns`` Reads through the SDK, each answer sent back as the SDK returned it; the next
     request's body (not sent)."""
     fake.script(*(read(n) for n in range(turns)))
-    body: dict[str, Any] = {"model": "claude-opus-5-5", "max_tokens": 1024, "system": SYSTEM,
-                            "tools": TOOLS, "messages": [{"role": "user", "content": "go"}]}
+    body: dict[str, Any] = copy.deepcopy({
+        "model": "claude-opus-5-5", "max_tokens": 1024, "system": SYSTEM, "tools": TOOLS,
+        "messages": [{"role": "user", "content": "go"}]})
     for n in range(turns):
         msg = ant.messages.create(**body)
         body["messages"] = [*body["messages"], {"role": "assistant", "content": [

@@ -15,7 +15,10 @@ prefixes held the old value), while blocks before the change and blocks produced
 valid; leaving out or moving a thinking block between others invalidates the later ones (their
 prefixes held it); leaving out all of them leaves nothing to check. ``cache_control`` markers
 are not part of a prefix (stripped everywhere); JSON whitespace and key order do not matter
-(canonical values are compared), any value change does.
+(canonical values are compared), any value change does. A string ``content`` (of ``system``, a
+message, a ``tool_result``) is the API's shorthand for one text block and compares equal to it:
+Claude Code sends its newest ``role: "system"`` message as blocks and the same message as a
+string from the next request on, and the docs count Claude Code as append-only.
 
 The :class:`Binder` issues the signatures (base64 of a magic, the prefix digest and the thinking
 text, so :func:`.fake_wire.reasoning_of_token` still recovers the text) and remembers each one
@@ -78,6 +81,27 @@ def strip_cache_control(value: Any) -> Any:
     return value
 
 
+def _text_blocks(content: Any) -> Any:
+    """``content`` with the string shorthand spelled as the one text block it stands for."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [_block(b) for b in content]
+    return content
+
+
+def _block(block: Any) -> Any:
+    if isinstance(block, dict) and block.get("type") == "tool_result" and "content" in block:
+        return {**block, "content": _text_blocks(block["content"])}
+    return block
+
+
+def _message(message: Any) -> Any:
+    if isinstance(message, dict) and "content" in message:
+        return {**message, "content": _text_blocks(message["content"])}
+    return message
+
+
 def _digest(tag: bytes, value: Any) -> bytes:
     canonical = orjson.dumps(strip_cache_control(value), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(tag + b"\0" + canonical).digest()
@@ -138,7 +162,7 @@ class _Prefixes:
         messages = body.get("messages")
         self.messages: list[Any] = messages if isinstance(messages, list) else []
         self._head = (
-            ("system", _digest(b"system", body.get("system"))),
+            ("system", _digest(b"system", _text_blocks(body.get("system")))),
             ("tools", _digest(b"tools", body.get("tools"))),
         )
         self._message_digests: list[bytes] = []
@@ -146,7 +170,7 @@ class _Prefixes:
     def _message(self, n: int) -> bytes:
         while len(self._message_digests) <= n:
             i = len(self._message_digests)
-            self._message_digests.append(_digest(b"message", self.messages[i]))
+            self._message_digests.append(_digest(b"message", _message(self.messages[i])))
         return self._message_digests[n]
 
     def parts(
@@ -157,7 +181,9 @@ class _Prefixes:
         out = list(self._head)
         out += [(f"messages.{i}", self._message(i)) for i in range(n)]
         out.append((f"messages.{n}.role", _digest(b"role", role)))
-        out += [(f"messages.{n}.content.{j}", _digest(b"block", b)) for j, b in enumerate(blocks)]
+        out += [
+            (f"messages.{n}.content.{j}", _digest(b"block", _block(b))) for j, b in enumerate(blocks)
+        ]
         return tuple(out)
 
 
