@@ -17,9 +17,9 @@ Preserved thinking: ``FakeUpstream(prefix_check=True)`` (or the attribute) check
 blocks of every Messages request as the newer Claude models do (:mod:`.prefix_check`): a block
 whose prefix changed since the fake signed it, or whose signature it never issued, gets
 Anthropic's 400 (before any SSE event on a streaming request), counted in ``refused``; with the
-``thinking-binding-controls-2026-08-01`` beta and ``thinking.block_binding.
-prefix_mismatch_behavior: "drop_block"`` the blocks are dropped instead (``dropped``) and the
-answer lists them in ``input_transformations``. Its answers' thinking blocks carry signatures
+``thinking-binding-controls-2026-08-01`` beta and ``"drop_block"`` as
+``thinking.block_binding.prefix_mismatch_behavior`` the blocks are dropped instead
+(``dropped``) and the answer lists them in ``input_transformations``. Its answers' thinking blocks carry signatures
 bound to the request as received.
 
 Threading: the app runs on the server's loop/thread while tests read ``received`` etc.
