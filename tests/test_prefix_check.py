@@ -394,6 +394,10 @@ def test_drop_block_with_the_beta_answers_200_and_reports(
     assert all(isinstance(t, BetaThinkingDroppedInputTransformation)
                for t in msg.input_transformations)
     assert fake.refused == [] and fake.dropped_count == 1 and len(fake.dropped[0].failures) == 3
+    shown = fake.dropped[0].shown
+    assert shown is not None and fake.binder.check(shown) == []
+    assert [[b["type"] for b in m["content"]] for m in shown["messages"][1::2]] == [
+        ["text", "tool_use"]] * 3
     # Streaming: the report is final in message_start.
     with ant.beta.messages.stream(**body, thinking=DROP, betas=[BETA]) as stream:
         final = stream.get_final_message()

@@ -120,6 +120,8 @@ class PrefixVerdict:
     received: Received
     message: str
     failures: tuple[Failure, ...]
+    #: a dropped request as the model was shown it: without the failing blocks
+    shown: dict[str, Any] | None = None
 
 
 class FakeUpstream:
@@ -439,11 +441,13 @@ class FakeUpstream:
         if failures and behavior == "error":
             self.refused.append(PrefixVerdict(rec, failures[0].message, tuple(failures)))
             return failures[0].message
+        transformations: list[Any] = []
         if failures:
-            self.dropped.append(PrefixVerdict(rec, "", tuple(failures)))
-        # The model is shown the request without the dropped blocks; the fake's answer does
-        # not depend on them, so only the report remains to send.
-        return [f.transformation() for f in failures] if beta else None
+            # The fake's answer does not depend on what the model is shown; it is kept for
+            # assertions, and the answer is bound to the request as received all the same.
+            shown, transformations = self.binder.drop(req, failures)
+            self.dropped.append(PrefixVerdict(rec, "", tuple(failures), shown))
+        return transformations if beta else None
 
     @property
     def refused_count(self) -> int:
