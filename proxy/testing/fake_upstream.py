@@ -525,6 +525,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--chunk-delay", type=float, default=0.0, help="default chunk_delay_s")
     p.add_argument("--stream-pieces", type=int, default=4)
     p.add_argument("--record", action="store_true", help="keep request records (grows memory)")
+    p.add_argument(
+        "--prefix-check", action="store_true", help="refuse thinking blocks whose prefix changed"
+    )
     p.add_argument("--loop", default="auto", help="uvicorn loop: auto|uvloop|asyncio")
     p.add_argument("--http", default="auto", help="uvicorn http: auto|httptools|h11")
     args = p.parse_args(argv)
@@ -535,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         chunk_delay_s=args.chunk_delay,
         stream_pieces=args.stream_pieces,
     )
-    fake = FakeUpstream(default=default, record=args.record)
+    fake = FakeUpstream(default=default, record=args.record, prefix_check=args.prefix_check)
     sock = bind_socket(args.host, args.port)
     config = uvicorn.Config(
         fake, log_level="warning", access_log=False, lifespan="on", loop=args.loop, http=args.http
