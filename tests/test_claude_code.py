@@ -105,13 +105,14 @@ def test_the_nine_file_session_cuts_compacts_and_finishes(nine_files: Session) -
     offloaded = [int(t["x-ctxproxy-offloaded"]) for t in session.turns]
     assert offloaded[1] == 1 and max(offloaded) == 9  # each Read cut as it arrives
     assert any(t.get("x-ctxproxy-compacted") == "1" for t in session.turns)
-    assert thinking_sent_back(session) >= 5
+    # Thinking goes back within each epoch; a compaction (every other turn here: Claude Code's
+    # ~30k of system and tools in a 120k window) drops the kept turns' thinking.
+    assert thinking_sent_back(session) >= 3
     for body in session.forwarded:
         assert body["model"] == PRESERVED_THINKING_MODEL
 
 
 @pytest.mark.skipif(BINARY is None, reason="Claude Code is not installed (npm ci installs it)")
-@pytest.mark.xfail(reason="until the append-only pipeline lands", strict=False)
 def test_preserved_thinking_nine_files_no_request_is_refused(nine_files: Session) -> None:
     """The provider never refuses a forwarded request for a thinking block whose prefix the
     proxy changed (Claude Code would retry it without thinking: one more request each)."""
