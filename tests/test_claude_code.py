@@ -136,3 +136,25 @@ def test_claude_code_alone_is_never_refused(fake: FakeUpstream, fake_url: str) -
     assert FINAL in session.stdout
     assert session.refused == [] and session.refused_other == []
     assert len(session.forwarded) == 5 and thinking_sent_back(session) == 4
+
+
+@pytest.mark.skipif(BINARY is None, reason="Claude Code is not installed (npm ci installs it)")
+def test_preserved_thinking_without_compaction_stage_two_refuses_nothing(
+    tmp_path: Path,
+) -> None:
+    """Compaction off: stage 2's batched re-cuts are the only rewrites, each one an epoch of
+    its own (pipeline.epoch.ageing_epoch): the turns before it lose their thinking."""
+    assert BINARY is not None
+    fake = FakeUpstream(prefix_check=True)
+    with serve_in_thread(fake) as upstream:
+        config = proxy_config(upstream.url + "/v1", tmp_path / "data",
+                              {"compaction": {"enabled": False},
+                               "offload": {"age_batch_bytes": 65536}})
+        session = run_prefix_checked_session(BINARY, config, fake, upstream.url)
+    assert session.returncode == 0 and FINAL in session.stdout
+    results = [b["content"] for body in session.forwarded for m in body["messages"]
+               if m["role"] == "user" and isinstance(m["content"], list) for b in m["content"]
+               if b.get("type") == "tool_result" and isinstance(b.get("content"), str)]
+    assert any(len(r) < 4000 for r in results)  # stage 2 did re-cut
+    assert session.refused == [] and session.refused_other == []
+    assert len(session.forwarded) == 10  # no retries
