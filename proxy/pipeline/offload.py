@@ -2,7 +2,8 @@
 
 Stage 1 cuts a tool result over `recent_max_bytes + slack_bytes`, whose original is kept under
 `tool_result/<id>.txt`; stage 2 cuts results of aged tool-call turns (see `ageing`) down to
-`old_max_bytes`. Both cuts are computed from the original the client resends, so the forwarded
+`old_max_bytes` (not when the provider clears old tool results itself, an Anthropic
+`clear_tool_uses` edit: :mod:`.native`). Both cuts are computed from the original the client resends, so the forwarded
 text depends only on the history and the config: the same history always forwards the same
 bytes. Results of the client's own read tools point back to that tool and the original path.
 
@@ -28,6 +29,7 @@ from ..store.paths import tool_result_file
 from ..store.tool_results import relative_path, result_id
 from . import ageing
 from .model import FileWrite, Message, RequestView, StageOutcome
+from .native import native
 from .notice import parse_notice
 from .truncate import recut, truncate
 from .turns import RESULT_ROLES
@@ -287,7 +289,9 @@ class Offloader:
 
         reads = read_calls(messages, self.config.read_tools)
         turn_of, turns = ageing.tool_turns(messages)
-        if aged_turns is None:
+        if native(request).clears_tool_results:
+            aged_upto = 0  # the provider clears old results itself: stage 2 stands down
+        elif aged_turns is None:
             per_turn = [0] * turns
             for i, text in texts.items():
                 if turns:
