@@ -17,7 +17,8 @@ what that request did too: the same history forwards the same bytes.
 
 Provider-native compaction (:mod:`proxy.pipeline.native`): the head that is never compacted runs
 through the newest provider compaction item, the threshold counts from that item on, and a
-request in which the provider compacts gets no new summary (one in use is still applied).
+request in which the provider compacts gets no new summary and no last-resort cuts (a summary
+already in use is still applied: the provider compacts what the model has been seeing).
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ class Decision:
     budget: Budget
     need: Plan | None = None  # a new summary is needed first
     prepare: Plan | None = None  # to compute in the background
+    provider_compacts: bool = False  # the provider compacts this request: ctxproxy stands down
 
     @property
     def over(self) -> bool:
-        """Over the threshold (with or without a plan that could help)."""
-        return self.tokens > self.budget.threshold
+        """Over the threshold (with or without a plan that could help), and ctxproxy's to act
+        on: not when the provider compacts (no summary, no last-resort cuts either)."""
+        return not self.provider_compacts and self.tokens > self.budget.threshold
 
 
 class Planner:
@@ -152,8 +155,9 @@ class Planner:
             return split_from() if split_from is not None else messages
 
         if native(request).compacts:
-            # The provider compacts this request (or at its own threshold): no second summary.
-            return Decision(applied, tokens, summary, budget)
+            # The provider compacts this request (or at its own threshold): no second summary,
+            # and no harder cuts of what it is about to summarize.
+            return Decision(applied, tokens, summary, budget, provider_compacts=True)
         if tokens > budget.threshold:
             need = prepared or self.split(base(), request, summary, head, budget.keep)
             return Decision(applied, tokens, summary, budget, need=need)
