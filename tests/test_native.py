@@ -11,9 +11,13 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.compaction.planner import Plan, Planner
+from proxy.compaction.windows import ContextWindows
+from proxy.config import config_from_mapping
 from proxy.formats.messages import MESSAGES
 from proxy.formats.responses import RESPONSES
 from proxy.pipeline import native
+from proxy.pipeline.count import RequestCounter
 from proxy.pipeline.model import NATIVE, OPAQUE_TOKENS, RequestView
 from proxy.pipeline.tokens import TokenCounter
 from proxy.session import resolve
@@ -293,3 +297,38 @@ def test_claude_codes_default_edits_pass_through_untouched(
     r = anth.post(proxy, raw)
     assert r.status_code == 200
     assert fake.received[-1].body == raw
+
+
+# --- the planner, pure --------------------------------------------------------------------------
+
+
+def planner() -> Planner:
+    config = config_from_mapping({})
+    return Planner(config.compaction, RequestCounter(TokenCounter()),
+                   ContextWindows({"gpt-5.1-codex": WINDOW}), None)
+
+
+def planned(items: list[dict[str, Any]]) -> tuple[Planner, list[Any], RequestView]:
+    raw = orjson.dumps(resp.body(items))
+    parsed = RESPONSES.parse(raw, 10_000)
+    request = RequestView(model=parsed.model, body=parsed.body, identity=resolve({}, parsed.body),
+                          chains=[f"c{i}" for i in range(len(parsed.history))],
+                          history=parsed.history, tools=parsed.tools, api="responses")
+    return planner(), parsed.history, request
+
+
+def test_the_plan_starts_after_the_compaction_unit_and_counts_from_the_item() -> None:
+    p, history, request = planned(after_compaction(20))
+    decision = p.plan(history, request, None)
+    assert decision.over and decision.need is not None
+    assert decision.need.head == decision.need.start == native.head(history) == 4
+    assert decision.tokens == p.counter.request(native.in_context(history), request.model,
+                                                request.tool_schemas)
+    # A plan prepared when the head was shorter (before the provider compacted) is not used.
+    stale = Plan(1, 1, decision.need.cut, decision.need.cut_chain, None)
+    assert p.plan(history, request, None, prepared=stale).need == decision.need
+    # The trigger: over the threshold, yet nothing to do for ctxproxy.
+    p2, history2, request2 = planned([*after_compaction(20), TRIGGER])
+    stood_down = p2.plan(history2, request2, None)
+    assert stood_down.tokens > stood_down.budget.threshold
+    assert not stood_down.over and stood_down.need is None and stood_down.prepare is None

@@ -149,6 +149,8 @@ class Planner:
         ``prepared``: a plan prepared earlier from this very state, preferred to a new split."""
         budget = self.budget(request)
         head = native_head(messages)
+        if prepared is not None and prepared.head != head:
+            prepared = None  # prepared before a provider compaction item moved the head
         applied = self.apply(messages, summary)
         tokens = self.count(applied, request)
         def base() -> list[Message]:

@@ -2,8 +2,9 @@
 proxy: what the end-to-end test and ``bench/codex_session.py`` share.
 
 :class:`ShellScript` is the fake model (it asks Codex to run shell commands one after another,
-then answers), :class:`RemoteCompaction` the fake provider's remote compaction in front of it, :class:`Recording` wraps the proxy's ASGI app to keep what Codex sent and what the
-proxy answered it, and :func:`run_codex` runs ``codex exec`` with its own ``CODEX_HOME``.
+then answers), :class:`RemoteCompaction` a fake provider compacting remotely in front of it,
+:class:`Recording` wraps the proxy's ASGI app to keep what Codex sent and what the proxy answered
+it, and :func:`run_codex` runs ``codex exec`` with its own ``CODEX_HOME``.
 """
 
 from __future__ import annotations
