@@ -100,7 +100,11 @@ class Conversation:
         _count(svc.metrics, result.stats)
         forwarded = result.messages if result.changed else parsed.history
         reader = svc.readers.get(fmt.name)
-        reads = reader is not None and params is None and reader.needed(forwarded)
+        # The read tool is offered from an agent's first request on (a client that declares
+        # tools of its own), not from the first one that needs it: ``tools`` is part of every
+        # later turn's prefix (prompt cache, signed thinking), so it never changes mid-session.
+        reads = reader is not None and params is None and (
+            bool(parsed.tools) or reader.needed(forwarded))
         if result.changed:
             out = await _cpu(huge, fmt.write, raw, parsed, result.messages)
         else:

@@ -276,7 +276,7 @@ async def open_services(
         compactor=compactor,
         counter=counter,
         originals=originals,
-        timed_ageing=compactor.enabled and config.offload.age_policy == "batched",
+        timed_ageing=compactor.enabled,
         old_max_bytes=config.offload.old_max_bytes,
         stages=stages,
         memory=memory,

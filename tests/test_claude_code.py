@@ -38,8 +38,9 @@ def test_a_claude_code_session_ages_and_compacts(
     aged = [r for r in results if parse_notice(r) is not None]
     assert aged and all(len(r) < 4000 for r in aged)
     assert any(len(r) > 30_000 for r in results)
-    compacted = [b for b in sent if any(isinstance(s, dict) and s.get("text", "").startswith(
-        SUMMARY_HEADING) for s in b.get("system") or [])]
+    compacted = [b for b in sent if any(
+        m["role"] == "system" and SUMMARY_HEADING in str(m["content"]) for m in b["messages"])]
+    assert not any(SUMMARY_HEADING in str(b.get("system")) for b in sent)  # never edited
     assert compacted and any(t.get("x-ctxproxy-compacted") == "1" for t in session.turns)
     for body in compacted:  # Claude Code's environment (in its first request) is not lost
         assert "Primary working directory" in str(body["system"]) + str(body["messages"])

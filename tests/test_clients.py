@@ -337,7 +337,9 @@ def test_langchain_bind_tools_parses_tool_call(module_proxy: ServerThread, fake:
     ]
     [call] = chat_calls(fake)
     sent = call.json()
-    assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather"]
+    # The client's tools as it sent them, then the proxy's read tool: offered from an agent's
+    # first request on, so ``tools`` never changes mid-session (prompt cache, signed thinking).
+    assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather", "read_offloaded"]
 
 
 def test_langchain_streaming_with_usage(module_proxy: ServerThread, fake: FakeUpstream) -> None:

@@ -111,9 +111,19 @@ def model_calls(fake: FakeUpstream) -> list[dict[str, Any]]:
     return [r.json() for r in fake.received if r.path == PATH and not is_summarizer(r.json())]
 
 
+def unsigned(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn as forwarded after a compaction kept it: without its thinking blocks."""
+    blocks = [b for b in message["content"]
+              if b.get("type") not in ("thinking", "redacted_thinking")]
+    return {**message, "content": blocks or [{"type": "text",
+                                              "text": "(earlier reasoning omitted)"}]}
+
+
 def check_pairs(messages: list[dict[str, Any]]) -> None:
     """Anthropic's rules: the first message is a user message; every tool_use is answered by
-    a tool_result in the very next message, and every tool_result answers one there."""
+    a tool_result in the very next message, and every tool_result answers one there. The
+    ``role: "system"`` entries the proxy adds (summary, memory) stand between messages."""
+    messages = [m for m in messages if m["role"] != "system"]
     assert messages[0]["role"] == "user"
     for i, m in enumerate(messages):
         blocks = m["content"] if isinstance(m["content"], list) else []
@@ -321,7 +331,7 @@ def long_session(turns: int) -> list[dict[str, Any]]:
     return messages
 
 
-def test_compaction_puts_the_summary_in_system_and_keeps_valid_pairs(
+def test_compaction_puts_the_summary_in_a_system_message_and_keeps_valid_pairs(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:
     srv = compacting(make_proxy, fake)
@@ -332,15 +342,21 @@ def test_compaction_puts_the_summary_in_system_and_keeps_valid_pairs(
     summarizer = next(r.json() for r in fake.received if is_summarizer(r.json()))
     assert summarizer["model"] == MODEL and summarizer["max_tokens"] > 0
     sent = model_calls(fake)[-1]
-    system = sent["system"]
-    assert system[:3] == SYSTEM  # the client's blocks, then the summary
-    assert system[3]["text"].startswith(SUMMARY_HEADING) and "checkout" in system[3]["text"]
+    # The top-level system (bound to every signed thinking block, and the cache's first
+    # breakpoint) is the client's, untouched; the summary is a system message of its own.
+    assert sent["system"] == SYSTEM
     out = sent["messages"]
+    assert out[0]["role"] == "system" and len(out[0]["content"]) == 1
+    assert out[0]["content"][0]["text"].startswith(SUMMARY_HEADING)
+    assert "checkout" in out[0]["content"][0]["text"]
     # The agent loop was cut mid-way: a short user message opens the kept turns.
-    assert out[0] == {"role": "user", "content": [{"type": "text", "text": BRIDGE}]}
-    kept = out[1:]
-    assert kept == messages[len(messages) - len(kept):]  # the client's, untouched
-    check_pairs(out)
+    assert out[1] == {"role": "user", "content": [{"type": "text", "text": BRIDGE}]}
+    kept = out[2:]
+    # The client's, untouched, but for the thinking of the turns made before the compaction
+    # (their prefix changed: a preserved-thinking model would refuse them).
+    assert kept == [unsigned(m) if m["role"] == "assistant" else m
+                    for m in messages[len(messages) - len(kept):]]
+    check_pairs(out[1:])
     assert cache_markers(sent) == 3  # the moving marker is on the kept last message
     # The next turn reuses the summary: no new summarizer call, the same prefix.
     before = len(fake.received)
@@ -349,7 +365,7 @@ def test_compaction_puts_the_summary_in_system_and_keeps_valid_pairs(
     r2 = post(srv, body(nxt))
     assert r2.headers["x-ctxproxy-compacted"] == "1" and len(fake.received) == before + 1
     again = fake.received[-1].json()
-    assert again["system"] == system and again["messages"][: len(out)] == out
+    assert again["system"] == SYSTEM and again["messages"][: len(out)] == out
 
 
 def test_claude_codes_environment_message_survives_compaction(
@@ -362,8 +378,10 @@ def test_claude_codes_environment_message_survives_compaction(
     r = post(srv, body(messages))
     assert r.headers["x-ctxproxy-compacted"] == "1"
     out = model_calls(fake)[-1]["messages"]
-    assert out[0]["content"][0]["text"] == BRIDGE and out[1] == env
-    assert out[2:] == messages[len(messages) - len(out) + 2:]
+    assert out[0]["content"][0]["text"].startswith(SUMMARY_HEADING)
+    assert out[1]["content"][0]["text"] == BRIDGE and out[2] == env
+    assert out[3:] == [unsigned(m) if m["role"] == "assistant" else m
+                       for m in messages[len(messages) - len(out) + 3:]]
     check_pairs([m for m in out if m["role"] != "system"])
 
 
@@ -379,8 +397,9 @@ def test_a_marker_evicted_with_its_turn_moves_to_the_summary(
     r = post(srv, payload)
     assert r.headers["x-ctxproxy-compacted"] == "1"
     sent = model_calls(fake)[-1]
-    assert sent["system"][0] == {"type": "text", "text": "You are Claude Code."}
-    assert sent["system"][1]["cache_control"] == marked
+    assert sent["system"] == "You are Claude Code."
+    summary = sent["messages"][0]
+    assert summary["role"] == "system" and summary["content"][0]["cache_control"] == marked
     assert cache_markers(sent) == 2
     # Four markers already: none is added.
     full = {**body(long_session(20)), "system": [{**b, "cache_control": {"type": "ephemeral"}}
@@ -569,7 +588,8 @@ def test_an_sdk_tool_loop_with_offload_and_compaction(
     assert sum(int(h["x-ctxproxy-offloaded"]) for h in headers) > 0
     assert headers[-1]["x-ctxproxy-compacted"] == "1"
     last = model_calls(fake)[-1]
-    assert last["system"][-1]["text"].startswith(SUMMARY_HEADING)
+    assert last["messages"][0]["role"] == "system"
+    assert last["messages"][0]["content"][0]["text"].startswith(SUMMARY_HEADING)
     check_pairs(last["messages"])
     assert int(headers[-1]["x-ctxproxy-tokens-out"]) < int(headers[-1]["x-ctxproxy-tokens-in"]) // 2
 
@@ -665,8 +685,9 @@ def test_forwarded_messages_keep_thinking_pairs_and_markers(
     system_marker: bool,
 ) -> None:
     """The pipeline in process: whatever it cuts and compacts, every forwarded assistant turn
-    is byte-identical to the client's (thinking signatures), pairs and the user-first rule hold,
-    and no more than four cache markers go out."""
+    is byte-identical to the client's (thinking signatures), or the client's bytes without its
+    thinking blocks (a turn kept by a compaction: its prefix changed), pairs and the user-first
+    rule hold, and no more than four cache markers go out."""
     from proxy.compaction.planner import Planner
     from proxy.compaction.windows import ContextWindows
     from proxy.config import config_from_mapping
@@ -703,5 +724,9 @@ def test_forwarded_messages_keep_thinking_pairs_and_markers(
     check_pairs(out["messages"])
     for m in out["messages"]:
         if m["role"] == "assistant":
-            assert m in messages and orjson.dumps(m) in out_raw
+            assert m in messages or m in [unsigned(c) for c in messages
+                                          if c["role"] == "assistant"]
+            assert orjson.dumps(m) in out_raw
+            if result.stats.get("compacted") or m not in messages:
+                assert not any(b["type"] == "thinking" for b in m["content"])
     assert cache_markers(out) <= 4

@@ -20,11 +20,15 @@ client's bytes. A message that lost or changed a part is rebuilt from its blocks
 byte for byte, a cut ``tool_result`` with its new content (the block's other fields, such as
 ``cache_control``, kept), a placeholder result the validator added for an unanswered call. An
 assistant message is never rebuilt (thinking signatures are verified by the provider): it goes
-out as sent, or not at all. What the pipeline adds as a system message (a summary) becomes a
-text block after the client's ``system`` blocks (and ``system`` messages the client put before
-its first assistant turn, which a compaction evicted, are put back after the first kept one); a ``cache_control`` marker evicted with the
-turns it stood on moves to that block when the request has fewer than the provider's four, so
-the new prefix caches.
+out as sent, or without its ``thinking`` and ``redacted_thinking`` blocks (all of them, the other
+blocks byte for byte: a turn a compaction kept, :mod:`proxy.pipeline.epoch`), or not at all. What
+the pipeline adds as a system message (a summary, memory) becomes a ``role: "system"`` message in
+``messages`` where the pipeline put it, never an edit of the ``system`` field (every signed
+thinking block is bound to it, and it is the provider's first cache breakpoint); ``system``
+messages the client put before its first assistant turn, which a compaction evicted, are put
+back after it and the first kept message; a ``cache_control`` marker evicted with the turns it
+stood on moves to the first added message when the request has fewer than the provider's four,
+so the new prefix caches.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any, Final
 import orjson
 
 from ..errors import BadRequest
+from ..pipeline.epoch import SIGNED, THINKING_DROPPED
 from ..pipeline.model import NATIVE, Message
 from ..pipeline.native import COMPACTION
 from . import Parsed, json
@@ -46,6 +51,8 @@ __all__ = ["MAX_CACHE_MARKERS", "MESSAGES", "MessagesFormat", "cache_markers", "
 
 MAX_CACHE_MARKERS: Final = 4  # the provider rejects a request with more cache_control blocks
 _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
+_SIGNED_KINDS: Final = frozenset({"thinking", "redacted_thinking"})
+_THOUGHT_OMITTED: Final = "(earlier reasoning omitted)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +112,11 @@ def _assistant(content: Any) -> Message:
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
     other: list[Any] = []
+    signed = 0
     for block in _blocks(content):
         kind = block.get("type") if isinstance(block, dict) else None
+        if kind in _SIGNED_KINDS:
+            signed += 1
         if kind == "text" and isinstance(block.get("text"), str):
             text.append(block["text"])
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
@@ -118,6 +128,8 @@ def _assistant(content: Any) -> Message:
         elif kind not in ("redacted_thinking", "thinking"):
             other.append(block)  # server tools and unknown blocks: counted as their JSON
     message: Message = {"role": "assistant", "content": "".join(text)}
+    if signed:
+        message[SIGNED] = signed
     if calls:
         message["tool_calls"] = calls
     if thinking:
@@ -267,19 +279,22 @@ class _Writer:
         history = self.parsed.history
         at = {id(m): k for k, m in enumerate(history)}
         results = {k: m for k, m in enumerate(history) if m.get("role") == "tool"}
-        added: list[Message] = []
         groups: list[_Group] = []
         cursor = 0
         for m in messages:
             k = at.get(id(m))
+            if k is None and isinstance(m.get(THINKING_DROPPED), int):
+                k = m[THINKING_DROPPED]  # an assistant turn without its thinking
             role = m.get("role")
             if k is not None:
                 cursor = k + 1
                 src = self.sources[k].wire
                 if src < 0:
-                    continue  # the system field: it stays where it is
+                    continue  # the system field: it stays where it is, byte for byte
             elif role in _SYSTEM_ROLES:
-                added.append(m)  # a summary (or memory): into the system field
+                # A summary (or memory): a system message of its own in ``messages``, never an
+                # edit of the ``system`` field, which every signed thinking block is bound to.
+                groups.append(_Group("system", None, [(None, m)]))
                 continue
             elif role == "tool":
                 k = _find_result(results, m.get("tool_call_id"), cursor)
@@ -298,23 +313,44 @@ class _Writer:
             wire_role = "user" if role == "tool" else str(role)
             groups.append(_Group(wire_role, src if src >= 0 else None, [(k, m)]))
         out = [self._message(g) for g in groups]
+        added = [i for i, g in enumerate(groups) if g.src is None and g.role == "system"]
         if added:
+            self._mark(out, groups, added[0])
             self._pin(out, groups)
         replace["messages"] = json.join_array([raw for raw, _ in out])
-        if added:
-            replace["system"] = self._system(added, [mk for _, found in out for mk in found])
 
     def _pin(self, out: list[tuple[json.RawJSON, list[Any]]], groups: list[_Group]) -> None:
         """A compaction keeps the ``system`` messages the client put before its first assistant
-        turn (Claude Code's environment: working directory, platform, date): after the first
-        kept message, as the client had them after its first request."""
+        turn (Claude Code's environment: working directory, platform, date): after the proxy's
+        own system messages and the first kept message, as the client had them after its first
+        request."""
         first = next((j for j, m in enumerate(self.wire) if m.get("role") == "assistant"),
                      len(self.wire))
         present = {g.src for g in groups if g.src is not None}
         lost = [j for j in range(first) if self.wire[j].get("role") in _SYSTEM_ROLES
                 and j not in present]
-        at = 1 if groups and groups[0].role == "user" else 0
+        at = 0
+        while at < len(groups) and groups[at].src is None and groups[at].role == "system":
+            at += 1
+        if at < len(groups) and groups[at].role == "user":
+            at += 1
         out[at:at] = [(self.raw_item(j), list(_markers(self.wire[j]))) for j in lost]
+
+    def _mark(self, out: list[tuple[json.RawJSON, list[Any]]], groups: list[_Group],
+              first: int) -> None:
+        """The first system message the proxy adds takes a ``cache_control`` marker lost with
+        the evicted turns, when there is room for it: the new prefix then caches."""
+        system = self.body.get("system")
+        before = [*_markers(self.body.get("tools")), *_markers(system)]
+        marker = self._moved_marker(before, [mk for _, found in out for mk in found])
+        if marker is None:
+            return
+        _, m = groups[first].parts[0]
+        blocks = [*_blocks(m.get("content"))]
+        if not blocks:
+            return
+        blocks[-1] = {**blocks[-1], "cache_control": marker}
+        out[first] = (json.dumps({"role": "system", "content": blocks}), [marker])
 
     # -- one wire message ----------------------------------------------------------------------
 
@@ -327,6 +363,8 @@ class _Writer:
                 and originals == self.by_wire.get(src)):
             return self.raw_item(src), list(_markers(self.wire[src]))  # as the client sent it
         if src is not None and group.role == "assistant":
+            if any(THINKING_DROPPED in m for _, m in group.parts):
+                return self._unsigned(src)
             return self.raw_item(src), list(_markers(self.wire[src]))  # never rebuilt
         blocks: list[json.RawJSON] = []
         found: list[Any] = []
@@ -338,6 +376,23 @@ class _Writer:
         if src is None:
             return json.dumps({"role": group.role, "content": orjson.Fragment(content)}), found
         return json.splice(json.members(self.raw_item(src)), {"content": content}), found
+
+    def _unsigned(self, src: int) -> tuple[json.RawJSON, list[Any]]:
+        """Assistant message ``src`` without its thinking and redacted_thinking blocks (all of
+        them: the prefix check refuses one left out between others); every other block and
+        field byte for byte. A message of thinking alone keeps a one-line text block (the API
+        refuses empty content)."""
+        content = self.wire[src].get("content")
+        if not isinstance(content, list):
+            return self.raw_item(src), list(_markers(self.wire[src]))
+        kept = [(raw, block) for raw, block in zip(self.raw_blocks(src), content, strict=True)
+                if not (isinstance(block, dict) and block.get("type") in _SIGNED_KINDS)]
+        if not kept:
+            block = {"type": "text", "text": _THOUGHT_OMITTED}
+            kept = [(json.dumps(block), block)]
+        raw = json.splice(json.members(self.raw_item(src)),
+                          {"content": json.join_array([r for r, _ in kept])})
+        return raw, [mk for _, block in kept for mk in _markers(block)]
 
     def _blocks(self, k: int | None, m: Message) -> Iterator[tuple[json.RawJSON, Any]]:
         history = self.parsed.history
@@ -364,26 +419,6 @@ class _Writer:
             else:  # a cut result: the block with its new content, every other field kept
                 new = {**block, "content": m.get("content")}
                 yield json.dumps(new), new
-
-    # -- the system field --------------------------------------------------------------------
-
-    def _system(self, added: list[Message], kept: list[Any]) -> bytes:
-        """The client's system blocks, then the added messages as text blocks; the first one
-        takes a marker lost with the evicted turns, when there is room for it."""
-        system = self.body.get("system")
-        head: list[json.RawJSON]
-        if isinstance(system, list):
-            head = json.array_items(self.members["system"])
-        elif isinstance(system, str) and system:
-            head = [json.dumps({"type": "text", "text": system})]
-        else:
-            head = []
-        new = [{"type": "text", "text": _text(m.get("content"))} for m in added]
-        before = [*_markers(self.body.get("tools")), *_markers(system)]
-        marker = self._moved_marker(before, kept)
-        if marker is not None:
-            new[0]["cache_control"] = marker
-        return json.join_array([*head, *(json.dumps(b) for b in new)])
 
     def _moved_marker(self, before: list[Any], after: list[Any]) -> Any:
         """``after``: the markers of the messages written."""

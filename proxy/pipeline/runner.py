@@ -11,6 +11,8 @@ out through the services.
                         planned again
       prepare        -> compactor.prepare() (background)
       still over     -> Offloader.harder() on every kept result             pure -> originals
+    epoch            <- drop_thinking(): the kept turns produced before the epoch (the
+                        summary's request) lose their signed thinking blocks  pure
     memory           <- memory.message() (the version pinned for the session and the summary
                         in use), inserted after the leading system messages  pure
     validate, count                                                         pure
@@ -39,6 +41,7 @@ from ..store.summaries import SummaryRecord
 from ..writes import Mode
 from .ageing import aged_at
 from .count import CountStage, RequestCounter
+from .epoch import ageing_epoch, drop_thinking
 from .model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
 from .offload import Offloader
 from .turns import leading_system_count
@@ -137,6 +140,23 @@ class Pipeline:
             except Exception:
                 log.exception("stage compact failed; forwarding without it")
                 failed.append("compact")
+
+        # The turns produced before the current epoch began lose their signed thinking
+        # (pipeline.epoch): the epoch of the summary in use began with the request that made
+        # it (every turn up to now for a summary stored before ``seen`` was recorded: always
+        # valid, since no turn's thinking then goes out intact once and changed later); without
+        # compaction, ageing's own rewrites start one; the last resort's harder cuts may change
+        # any kept result.
+        before = 0
+        if compacting and summary is not None:
+            before = summary.seen or len(history)
+        if not self.timed_ageing and stats.get("aged_turns"):
+            before = max(before, ageing_epoch(history, stats["aged_turns"],
+                                              self.offloader.config.recent_n))
+        if stats.pop("last_resort", 0):
+            before = len(history)
+        if before:
+            messages = drop_thinking(messages, history, before)
 
         memory = self.memory
         if memory is not None and memory.enabled and history and (
@@ -352,7 +372,10 @@ class Pipeline:
             decision = await self._plan(offloaded, request, summary, split_from, False)
         applied = decision.applied
         if decision.over:
-            applied = await self._last_resort(applied, request, decision)
+            cut = await self._last_resort(applied, request, decision)
+            if cut is not applied:
+                stats["last_resort"] = 1  # read (and dropped) by run()
+            applied = cut
         elif not compacted_now and decision.prepare is not None:
             self.compactor.prepare(decision.prepare, request, decision.tokens)
         _add(stats, {"compacted": int(decision.summary is not None), "compactions": compacted_now,
