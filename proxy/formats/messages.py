@@ -7,7 +7,8 @@ Reading (one pass; each history message remembers the wire message and blocks it
 * an assistant message is one assistant message: its text blocks are the text, its ``tool_use``
   blocks the ``tool_calls`` (input as JSON arguments), its thinking text is counted
   (``reasoning_content``); ``thinking``, ``redacted_thinking``, server-tool and unknown blocks
-  ride along, so they are kept or dropped with their turn and never edited;
+  ride along, so they are kept or dropped with their turn and never edited; a message holding
+  a ``compaction`` block (the provider's compaction) is marked as such (:mod:`proxy.pipeline.native`);
 * a user message becomes one tool message per ``tool_result`` block (what offload and ageing
   cut; string content or text blocks, images inside pass), then one user message with the
   other blocks, if any (the API wants tool results first in their message);
@@ -40,7 +41,8 @@ import orjson
 
 from ..errors import BadRequest
 from ..pipeline.epoch import SIGNED, THINKING_DROPPED
-from ..pipeline.model import Message
+from ..pipeline.model import NATIVE, Message
+from ..pipeline.native import COMPACTION
 from . import Parsed, json
 from .body import check_objects, json_type, load_object, require_model
 from .messages_answer import MessagesTap
@@ -134,6 +136,8 @@ def _assistant(content: Any) -> Message:
         message["reasoning_content"] = "\n".join(thinking)
     if other:
         message["blocks"] = other
+        if any(isinstance(b, dict) and b.get("type") == COMPACTION for b in other):
+            message[NATIVE] = COMPACTION  # the provider's compaction (pipeline.native)
     return message
 
 
