@@ -33,6 +33,7 @@ from ..formats.messages_answer import MessagesAssembler
 from ..session import Identity
 from ..upstream.http import response_headers
 from ..upstream.relay import anthropic_error_event, read_whole
+from ..upstream.thinking import Binding
 from .loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut
 
 __all__ = ["MessagesReader"]
@@ -84,14 +85,16 @@ class MessagesReader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         encoder = self._encoder(body, raw)
         req = encoder.request()
+        extra = [*extra]
         while True:
             last = state.rounds > self.max_rounds
-            resp = await self._post(url, headers, req, on_status)
+            resp = await self._post(url, headers, req, on_status, binding)
+            _mark(extra, binding)
             async with resp:
                 payload = await read_whole(resp)
                 out_headers = response_headers(resp)
@@ -128,18 +131,20 @@ class MessagesReader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         seen = [0]  # content blocks the client has seen, over all rounds
         encoder = self._encoder(body, raw)
         req = encoder.request()
+        extra = [*extra]  # StreamOut's: a recovery before the response starts is in its headers
         out = StreamOut(send, tap, extra, self._scrub)
         while True:
             last = state.rounds > self.max_rounds
             rnd = _Round(self._ours, seen, first=state.rounds == 0)
             try:
-                resp = await self._post(url, headers, req, on_status)
+                resp = await self._post(url, headers, req, on_status, binding)
+                _mark(extra, binding)
                 async with resp:
                     if not await out.relay(resp, rnd.feed):
                         return state
@@ -269,6 +274,14 @@ class _Round:
                     data = {**data, "usage": {**(data.get("usage") or {}), **usage}}
             out.append(_event(kind, data))
         return out
+
+
+def _mark(extra: Headers, binding: Binding | None) -> None:
+    """``extra`` with what ``binding`` did to the rounds so far (its latest word)."""
+    if binding is not None:
+        said = binding.headers()
+        if said and said[0] not in extra:
+            extra[:] = [h for h in extra if h[0] != said[0][0]] + said
 
 
 def _message(payload: bytes) -> dict[str, Any] | None:
