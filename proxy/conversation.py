@@ -88,7 +88,8 @@ class Conversation:
         )
         sent = parsed.items
         chains = await _cpu(huge, svc.archive.chains, sent)
-        await svc.archive.record_request(identity, sent, chains, writes)
+        # The archive reads the session row anyway: its thinking flag comes with it.
+        dropped = await svc.archive.record_request(identity, sent, chains, writes)
         view = RequestView(
             model=parsed.model, body=body, identity=identity,
             # A history kept upstream is slimmed but never compacted here.
@@ -114,7 +115,7 @@ class Conversation:
             extra.append((b"x-ctxproxy-history", b"upstream"))
         tap = fmt.tap()
         # Messages: a thinking block bound to another prefix is recovered from (upstream.thinking).
-        binding = (svc.thinking.binding(identity, body, persist=writes.allowed)
+        binding = (svc.thinking.binding(identity, body, persist=writes.allowed, stored=dropped)
                    if fmt.name == "messages" else None)
         rounds = Rounds()
         archived: list[bool] = []

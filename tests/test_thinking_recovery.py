@@ -6,6 +6,7 @@ mid-loop and keeps drop_block; the anthropic SDK sees the 200."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ from proxy.formats import json
 from proxy.formats.messages_answer import MessagesTap
 from proxy.metrics import Metrics
 from proxy.pipeline.notice import parse_notice
-from proxy.session import Identity
+from proxy.session import Identity, tenant_of
 from proxy.store.db import MIGRATIONS, SCHEMA_VERSION, Database
+from proxy.store.dialog import DialogArchive
 from proxy.store.paths import db_path
 from proxy.store.postgres import PostgresBackend, upgrade
 from proxy.store.postgres.schema import MIGRATIONS as PG_MIGRATIONS
@@ -45,6 +47,7 @@ __all__ = ["pg_url", "postgres"]  # fixtures
 
 PATH = "/v1/messages"
 MODEL = "claude-opus-4-7"
+TENANT = tenant_of("sk-ant-think")
 SESSION = "think-1"
 MISMATCH = ("messages.1.content.0: Invalid `signature` in `thinking` block. The block is bound "
             "to a different conversation. Remove the block, or set "
@@ -265,6 +268,53 @@ async def test_the_memory_reaches_another_replica_through_the_store(
     assert dropped_total(two) == 0
 
 
+class Reads:
+    """The app's flag store, counting the reads it is asked for."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.reads = 0
+
+    def thinking_dropped(self, tenant: str, session: str) -> bool:
+        self.reads += 1
+        return bool(self.inner.thinking_dropped(tenant, session))
+
+    def mark_thinking_dropped(self, tenant: str, session: str) -> None:
+        self.inner.mark_thinking_dropped(tenant, session)
+
+
+async def test_the_flag_comes_with_the_session_row_the_archive_reads(
+    inproc: InProcess, fake: FakeUpstream
+) -> None:
+    svc = inproc.state["services"]
+    reads = Reads(svc.thinking.flags)
+    svc.thinking.flags = reads
+    messages = history()
+    for n in range(3):  # every turn has new messages: the archive reads the session row
+        fake.script(Reply(content=f"turn {n}"))
+        r = await inproc.client.post(PATH, content=request(messages), headers=headers("think-row"))
+        assert "x-ctxproxy-thinking" not in r.headers
+        # The tenant's first request waits for the provider to accept its key before anything
+        # is written (proxy.writes): that one asks the store itself.
+        assert reads.reads == 1
+        messages = [*messages, {"role": "assistant", "content": [{"type": "text",
+                                                                 "text": f"turn {n}"}]},
+                    user(f"next {n}")]
+    await inproc.drain()
+    # Another replica recovered the session: the next turn's archive write brings the flag.
+    await asyncio.to_thread(svc.store.sessions.mark_thinking_dropped, TENANT, "think-row")
+    fake.script(Reply(content="with drop_block"))
+    r = await inproc.client.post(PATH, content=request(messages), headers=headers("think-row"))
+    assert r.headers["x-ctxproxy-thinking"] == "drop_block" and sends_drop_block(calls(fake)[-1])
+    assert reads.reads == 1  # no query of its own
+    # A resent request (nothing new to archive) asks the store itself, once per recheck_s.
+    svc.thinking._known.clear()
+    for _ in range(2):
+        r = await inproc.client.post(PATH, content=request(messages), headers=headers("think-row"))
+        assert r.headers["x-ctxproxy-thinking"] == "drop_block"
+    assert reads.reads == 2
+
+
 # --- the read loop ------------------------------------------------------------------------------
 
 
@@ -426,6 +476,11 @@ def test_sqlite_keeps_the_flag_and_migrates_an_older_database(tmp_path: Path) ->
     with Database(path) as db:  # a restart, or another process on the same data_dir
         assert db.thinking_dropped("t", "old") and db.thinking_dropped("t", "new")
         assert not db.thinking_dropped("u", "old")  # per tenant
+        # The archive's write reads the session row: the flag comes with it.
+        archive = DialogArchive(tmp_path, db)
+        assert archive.record("t", "new", history()).thinking_dropped is True
+        assert archive.record("t", "other", history()).thinking_dropped is False
+        assert archive.record("t", "new", history()).thinking_dropped is None  # nothing new
 
 
 def test_postgres_keeps_the_flag_across_replicas_and_migrates(pg_url: str, tmp_path: Path) -> None:
@@ -448,6 +503,9 @@ def test_postgres_keeps_the_flag_across_replicas_and_migrates(pg_url: str, tmp_p
         assert not two.sessions.thinking_dropped("u", "new")
         row = two.sessions.session_stats("t", "old")
         assert row is not None and row.turns == 7
+        assert two.dialog.record("t", "new", history()).thinking_dropped is True
+        assert two.dialog.record("t", "other", history()).thinking_dropped is False
+        assert two.dialog.record("t", "new", history()).thinking_dropped is None
     finally:
         one.close()
         two.close()

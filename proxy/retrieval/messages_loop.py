@@ -14,6 +14,10 @@ over the rounds. Streaming, events pass as they come with three changes: the pro
 renumbered so the client sees one message with consecutive blocks; the ``message_start`` of later
 rounds and the ``message_delta``/``message_stop`` of internal rounds are withheld, and the final
 ``message_delta`` carries the usage summed over the rounds.
+
+Every round posts through the request's :class:`~proxy.upstream.thinking.Binding`: a round
+refused by Anthropic's prefix check is sent again with drop_block, and the later rounds keep it
+(``x-ctxproxy-thinking`` is on the answer when the recovery came before the response started).
 """
 
 from __future__ import annotations
@@ -277,7 +281,8 @@ class _Round:
 
 
 def _mark(extra: Headers, binding: Binding | None) -> None:
-    """``extra`` with what ``binding`` did to the rounds so far (its latest word)."""
+    """Put what ``binding`` did in the rounds so far into ``extra`` (in place: the stream's
+    :class:`StreamOut` holds the same list), replacing what it said before."""
     if binding is not None:
         said = binding.headers()
         if said and said[0] not in extra:

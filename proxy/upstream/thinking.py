@@ -18,8 +18,10 @@ A request that the client would have got through directly must not fail through 
   itself is never retried (its choice).
 * :class:`ThinkingBindings` remembers the sessions that needed it, in the process and in the
   store's session index (shared by replicas on PostgreSQL): their later requests carry
-  ``drop_block`` from the start. The store is read at most once per session every
-  ``recheck_s`` (only for requests that carry thinking blocks); a ``True`` is kept for good.
+  ``drop_block`` from the start. The flag comes with the session row the archive reads when it
+  records a request's new messages (no query of its own); otherwise the store is asked at most
+  once per session every ``recheck_s``, and only for requests that carry thinking blocks. A
+  ``True`` is kept for good.
 
 An answer to a retried request has ``x-ctxproxy-thinking: dropped``; one sent with
 ``drop_block`` from the start because of the session's memory, ``x-ctxproxy-thinking:
@@ -166,12 +168,25 @@ class ThinkingBindings:
         self._known: LRU[tuple[str, str], tuple[bool, float]] = LRU(limit)
 
     def binding(
-        self, identity: Identity, body: Mapping[str, Any], *, persist: bool = True
+        self, identity: Identity, body: Mapping[str, Any], *, persist: bool = True,
+        stored: bool | None = None,
     ) -> Binding:
         """One request's binding state. ``persist`` off (a tenant over its quota): a recovery is
-        remembered in this process only."""
+        remembered in this process only. ``stored``: the session's flag as the archive just
+        read it with the session row (None: not read), so no read of its own is needed."""
+        if stored is not None:
+            self.learn(identity, stored)
         return Binding(self, identity, client_set=client_binding(body),
                        blocks=lambda: carries_blocks(body.get("messages")), persist=persist)
+
+    def learn(self, identity: Identity, stored: bool) -> None:
+        """The store's flag, read elsewhere; a ``True`` this process knows is kept (it may
+        not be stored: a tenant over its quota, a store that failed)."""
+        key = (identity.tenant, identity.session)
+        if stored:
+            self._known.put(key, (True, math.inf))
+        elif not (self._known.get(key) or (False, 0.0))[0]:
+            self._known.put(key, (False, self.clock() + self.recheck_s))
 
     async def needed(self, identity: Identity) -> bool:
         key = (identity.tenant, identity.session)
