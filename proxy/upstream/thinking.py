@@ -86,12 +86,13 @@ def carries_blocks(messages: Any) -> bool:
     if not isinstance(messages, list):
         return False
     for message in messages:
-        if not isinstance(message, dict) or message.get("role") != "assistant":
+        if type(message) is not dict or message.get("role") != "assistant":
             continue
         content = message.get("content")
-        if isinstance(content, list) and any(
-                isinstance(b, dict) and b.get("type") in _BLOCKS for b in content):
-            return True
+        if type(content) is list:
+            for block in content:
+                if type(block) is dict and block.get("type") in _BLOCKS:
+                    return True
     return False
 
 
@@ -188,12 +189,19 @@ class ThinkingBindings:
         elif not (self._known.get(key) or (False, 0.0))[0]:
             self._known.put(key, (False, self.clock() + self.recheck_s))
 
+    def known(self, identity: Identity) -> bool | None:
+        """What this process knows of the session (None: nothing, or it is time to ask)."""
+        hit = self._known.get((identity.tenant, identity.session))
+        if hit is not None and (hit[0] or hit[1] > self.clock()):
+            return hit[0]
+        return None
+
     async def needed(self, identity: Identity) -> bool:
+        known = self.known(identity)
+        if known is not None:
+            return known
         key = (identity.tenant, identity.session)
         now = self.clock()
-        hit = self._known.get(key)
-        if hit is not None and (hit[0] or hit[1] > now):
-            return hit[0]
         found = False
         if self.flags is not None:
             try:
@@ -253,9 +261,13 @@ class Binding:
             return await upstream.send(method, url, headers, body)
         if not self._checked:
             self._checked = True
-            # Only a request with thinking blocks is looked up: the store is not asked for
-            # sessions the check cannot concern.
-            self.active = self.blocks() and await self.bindings.needed(self.identity)
+            # The history is scanned only when the session may need drop_block, and the store
+            # asked only for a request with thinking blocks (the check cannot concern others).
+            known = self.bindings.known(self.identity)
+            if known is None:
+                self.active = self.blocks() and await self.bindings.needed(self.identity)
+            else:
+                self.active = known and self.blocks()
         if self.active:
             return await upstream.send(method, url, with_beta(headers), with_drop_block(body))
         resp = await upstream.send(method, url, headers, body)
