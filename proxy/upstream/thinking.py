@@ -17,7 +17,8 @@ A request that the client would have got through directly must not fail through 
   retry's answer as the provider gave it, whatever it is. A client that set ``block_binding``
   itself is never retried (its choice).
 * :class:`ThinkingBindings` remembers the sessions that needed it, in the process and in the
-  store's session index (shared by replicas on PostgreSQL): their later requests carry
+  store's session index (shared by replicas on PostgreSQL), once a retry was accepted (a
+  provider refusing the beta must not see it on every request): their later requests carry
   ``drop_block`` from the start. The flag comes with the session row the archive reads when it
   records a request's new messages (no query of its own); otherwise the store is asked at most
   once per session every ``recheck_s``, and only for requests that carry thinking blocks. A
