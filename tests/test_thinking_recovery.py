@@ -143,6 +143,13 @@ def test_drop_block_replaces_only_the_thinking_member() -> None:
         {"type": "adaptive", "block_binding": DROP}
 
 
+async def test_a_huge_body_is_edited_off_the_loop_to_the_same_bytes() -> None:
+    from proxy.upstream.thinking import _HUGE_BODY, _dropping
+
+    raw = request([user("x" * _HUGE_BODY), *history()[1:]])
+    assert len(raw) > _HUGE_BODY and await _dropping(raw) == with_drop_block(raw)
+
+
 def test_what_counts_as_the_prefix_check() -> None:
     body = orjson.dumps({"type": "error", "error": {"type": "invalid_request_error",
                                                     "message": MISMATCH}})

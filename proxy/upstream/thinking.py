@@ -72,6 +72,9 @@ _SIGNS: Final = ("bound to a different conversation", "prefix_mismatch_behavior"
 _WHERE: Final = re.compile(r"messages\.(\d+)\.content\.(\d+)")
 # An error body is small; a 400 larger than this is not read here (it passes as it came).
 _MAX_ERROR_BODY: Final = 1 << 20
+# From this size on the body is edited in a worker thread (as conversation.HUGE_BODY): a session
+# that needs drop_block has it spliced into every request.
+_HUGE_BODY: Final = 2 * 1024 * 1024
 
 
 class ThinkingFlags(Protocol):
@@ -270,7 +273,7 @@ class Binding:
             else:
                 self.active = known and self.blocks()
         if self.active:
-            return await upstream.send(method, url, with_beta(headers), with_drop_block(body))
+            return await upstream.send(method, url, with_beta(headers), await _dropping(body))
         resp = await upstream.send(method, url, headers, body)
         if (resp.status != 400 or self.retried or resp.content_type != "application/json"
                 or (resp.content_length or 0) > _MAX_ERROR_BODY):
@@ -285,9 +288,15 @@ class Binding:
                     where.group(1) if where else "?", where.group(2) if where else "?")
         self.bindings.metrics.thinking_dropped.inc()
         self.active = self.retried = True
-        again = await upstream.send(method, url, with_beta(headers), with_drop_block(body))
+        again = await upstream.send(method, url, with_beta(headers), await _dropping(body))
         if again.status < 300:
             # Only an accepted drop_block is remembered: a provider refusing the beta must not
             # see it on every later request of the session.
             self.bindings.remember(self.identity, persist=self.persist)
         return again
+
+
+async def _dropping(body: bytes) -> bytes:
+    if len(body) >= _HUGE_BODY:
+        return await asyncio.to_thread(with_drop_block, body)
+    return with_drop_block(body)
