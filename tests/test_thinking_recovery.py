@@ -99,6 +99,8 @@ def assert_retry_of(first: Received, again: Received) -> None:
     for name in before:
         if name != "thinking":
             assert bytes(after[name]) == bytes(before[name]), name
+    # The bodies here are compact JSON: byte for byte the same but for the thinking member.
+    assert again.body == first.body.replace(bytes(before["thinking"]), bytes(after["thinking"]))
     thinking = orjson.loads(bytes(after["thinking"]))
     assert thinking == {**orjson.loads(bytes(before["thinking"])), "block_binding": DROP}
     assert BETA in again.headers["anthropic-beta"].split(",")
