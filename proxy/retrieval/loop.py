@@ -30,6 +30,7 @@ from ..session import Identity
 from ..upstream.http import Upstream, response_headers
 from ..upstream.relay import read_whole, redact_secret, sse_error_event
 from ..upstream.sse import SSEDecoder
+from ..upstream.thinking import Binding
 from .tool import ReadTool
 
 log = logging.getLogger("proxy.upstream")
@@ -142,10 +143,15 @@ class ReaderBase:
 
     async def _post(
         self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any] | bytes,
-        on_status: OnStatus,
+        on_status: OnStatus, binding: Binding | None = None,
     ) -> aiohttp.ClientResponse:
+        """One round's request; through ``binding`` (Messages), a prefix-check 400 is sent
+        again with drop_block (:mod:`proxy.upstream.thinking`)."""
         data = req if isinstance(req, bytes) else orjson.dumps(req)
-        resp = await self.upstream.send("POST", url, headers, data)
+        if binding is not None:
+            resp = await binding.send(self.upstream, "POST", url, headers, data)
+        else:
+            resp = await self.upstream.send("POST", url, headers, data)
         if on_status is not None:
             await on_status(resp.status)
         return resp
@@ -228,7 +234,7 @@ class Reader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         messages = list(body["messages"])
@@ -267,7 +273,7 @@ class Reader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         raw_options = body.get("stream_options")
@@ -450,7 +456,8 @@ class ReadLoop(Protocol):
     """A read-tool loop for one wire format (this module's :class:`Reader` for chat
     completions, :class:`~proxy.retrieval.responses_loop.ResponsesReader`, ...). ``body`` is
     the request with the tool (:meth:`with_tool`); ``raw``, the bytes it was read from, for a
-    loop that must send what it did not change byte for byte (Messages: signed thinking)."""
+    loop that must send what it did not change byte for byte (Messages: signed thinking);
+    ``binding``, the request's preserved-thinking state (Messages only; the others ignore it)."""
 
     def needed(self, messages: Sequence[Any]) -> bool: ...
 
@@ -460,12 +467,12 @@ class ReadLoop(Protocol):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds: ...
 
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds: ...

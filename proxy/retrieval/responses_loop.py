@@ -32,6 +32,7 @@ from ..errors import ProxyError
 from ..session import Identity
 from ..upstream.http import response_headers
 from ..upstream.relay import read_whole
+from ..upstream.thinking import Binding
 from .loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut
 
 __all__ = ["ResponsesReader"]
@@ -86,7 +87,7 @@ class ResponsesReader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         items = list(body.get("input") or [])
@@ -129,7 +130,7 @@ class ResponsesReader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         view = _ClientView()
