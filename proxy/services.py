@@ -13,6 +13,7 @@
       memory                   long-term memory: facts, folds, the version a request carries
       pipeline                 the pure stages and their effects, per request
       readers                  the proxy's read tool and its loop, per wire format
+      replays                  the loops' rounds, put back on later turns (proxy.rounds)
       writes, usage            what a request may write; disk used per tenant
       background               work after the response, drained on shutdown (and by tests)
       gc                       expiry and disk measurement, at start-up and hourly
@@ -51,6 +52,7 @@ from .retrieval.loop import Reader, ReadLoop
 from .retrieval.messages_loop import MessagesReader
 from .retrieval.responses_loop import ResponsesReader
 from .retrieval.tool import ReadTool
+from .rounds import Replays
 from .store.backend import open_backend
 from .store.db import SessionRow
 from .store.interfaces import (
@@ -128,6 +130,7 @@ class Services:
     memory: Memory | NullMemory
     pipeline: Pipeline
     readers: Mapping[str, ReadLoop]  # by format name; none when the read tool is off
+    replays: Replays  # the read loops' rounds, kept and put back on later turns
     writes: WritePolicy
     usage: DiskUsage
     background: Background
@@ -164,6 +167,7 @@ class Services:
             self.archive.forget()
             self.compactor.forget()
             self.memory.forget()
+            self.replays.forget()
 
     async def close(self) -> None:
         await self.gc.stop()
@@ -269,6 +273,10 @@ async def open_services(
             compactor = Compactor(config.compaction, summaries=summaries, archive=store.dialog,
                                   client=summarizer, windows=windows, shared=store.shared,
                                   facts=memory if isinstance(memory, Memory) else None)
+    # The proxy's read rounds, put back on later turns: only while the proxy runs the tool (a
+    # replayed call of a tool the request does not define would be refused).
+    replays = Replays(store.rounds, cache_bytes=cache // 20)
+    replays.enabled = config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0
     pipeline = Pipeline(
         offloader=Offloader(config.offload, config.retrieval, storage.data_dir,
                             files_url=files_url(config), cache_bytes=cache * 2 // 5),
@@ -280,6 +288,7 @@ async def open_services(
         old_max_bytes=config.offload.old_max_bytes,
         stages=stages,
         memory=memory,
+        replay=replays,
     )
     readers: dict[str, ReadLoop] = {}
     if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
@@ -301,7 +310,7 @@ async def open_services(
         anthropic_forwarder=Forwarder(anthropic), router=router, store=store,
         originals=originals, files=store.files, archive=archive, summaries=summaries,
         sessions=sessions, compactor=compactor, memory=memory, pipeline=pipeline,
-        readers=readers, writes=writes, usage=usage, background=background,
+        readers=readers, replays=replays, writes=writes, usage=usage, background=background,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
     )
     services.gc.start(services.collect_garbage)

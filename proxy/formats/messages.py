@@ -35,7 +35,7 @@ from typing import Any, Final
 import orjson
 
 from ..errors import BadRequest
-from ..pipeline.model import Message
+from ..pipeline.model import WIRE, Message
 from . import Parsed, json
 from .body import check_objects, json_type, load_object, require_model
 from .messages_answer import MessagesTap
@@ -316,6 +316,9 @@ class _Writer:
 
     def _message(self, group: _Group) -> tuple[json.RawJSON, list[Any]]:
         """The message's bytes and the cache_control markers it carries."""
+        inserted = _inserted(group)
+        if inserted is not None:
+            return inserted
         history = self.parsed.history
         src = group.src
         originals = [k for k, m in group.parts if k is not None and m is history[k]]
@@ -399,6 +402,20 @@ class _Writer:
         elif needs_short:
             marker.pop("ttl", None)
         return marker
+
+
+def _inserted(group: _Group) -> tuple[json.RawJSON, list[Any]] | None:
+    """An assistant message the pipeline put back (the proxy's own read rounds,
+    :mod:`proxy.pipeline.replay`) goes out as the bytes it was forwarded as inside the read
+    loop (``model.WIRE``): its thinking blocks are signed, so they are never re-serialised.
+    None for any other group."""
+    if group.src is not None or group.role != "assistant" or len(group.parts) != 1:
+        return None
+    wire = group.parts[0][1].get(WIRE)
+    if not isinstance(wire, list) or len(wire) != 1 or not isinstance(wire[0], str):
+        return None
+    raw = wire[0].encode()
+    return raw, list(_markers(orjson.loads(raw)))
 
 
 def _lost(sent: list[Any], kept: list[Any]) -> list[Any]:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
     from ..session import Identity
     from ..writes import Writes
 
 __all__ = [
+    "WIRE",
     "FileWrite",
     "Message",
     "PipelineResult",
@@ -31,6 +32,12 @@ __all__ = [
 ]
 
 Message = dict[str, Any]
+
+# A message the pipeline put in that stands for wire items it has the exact bytes of (the
+# proxy's own read rounds, put back by proxy.pipeline.replay): the JSON text of each item, in
+# order. The format writes those bytes as they are; counting ignores the key (the message's
+# model fields are counted as for any message).
+WIRE: Final = "ctxproxy_wire"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ out through the services.
       still over     -> Offloader.harder() on every kept result             pure -> originals
     memory           <- memory.message() (the version pinned for the session and the summary
                         in use), inserted after the leading system messages  pure
+    replay           <- the proxy's read rounds of the answers still forwarded (store, cached)
+                        put back before them (pipeline.replay)               pure
     validate, count                                                         pure
 
 Offload runs once per request in the sense that matters: each cut is computed once (cached per
@@ -41,6 +43,8 @@ from .ageing import aged_at
 from .count import CountStage, RequestCounter
 from .model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
 from .offload import Offloader
+from .replay import Source as RoundsSource
+from .replay import run as replay_rounds
 from .turns import leading_system_count
 from .validate import ValidateStage
 
@@ -82,9 +86,11 @@ class Pipeline:
         old_max_bytes: int,
         stages: Sequence[Stage] | None = None,
         memory: MemoryStep | None = None,
+        replay: RoundsSource | None = None,
     ) -> None:
         self.offloader = offloader
         self.memory = memory
+        self.replay = replay
         self.planner = planner
         self.compactor = compactor
         self.counter = counter
@@ -150,6 +156,15 @@ class Pipeline:
             except Exception:
                 log.exception("stage memory failed; forwarding without it")
                 failed.append("memory")
+
+        if self.replay is not None and self.replay.enabled:  # the proxy's read rounds, back
+            try:
+                outcome = await replay_rounds(self.replay, messages, history, request)
+                messages = outcome.messages
+                _add(stats, outcome.stats)
+            except Exception:
+                log.exception("stage replay failed; forwarding without it")
+                failed.append("replay")
 
         for stage in (self.validate, self.count):
             # Counting covers what the client sent too (tokens in): its new outputs, whole.

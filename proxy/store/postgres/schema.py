@@ -24,6 +24,8 @@ Tables, one per kind (the module that owns it in brackets; the version that adde
   memory_days      daily notes memory/YYYY-MM-DD.md, appended in place          [memory]
   memory_versions  folded MEMORY.md versions, immutable, numbers never reused    [memory]
   memory_pins      the version a session uses per epoch, first writer wins      [memory]
+  -- version 3
+  rounds           the proxy's read rounds of an answer, replayed later          [rounds]
 """
 
 from __future__ import annotations
@@ -173,6 +175,17 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (tenant, scope, session, epoch)
         )""",
         "CREATE INDEX memory_pins_by_time ON memory_pins (created_at)",
+    ),
+    (  # 3: the proxy's read rounds, replayed on later turns
+        """CREATE TABLE rounds (
+            tenant     TEXT NOT NULL,
+            session    TEXT NOT NULL,
+            chain      TEXT NOT NULL,
+            body       BYTEA NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (tenant, session, chain)
+        )""",
+        "CREATE INDEX rounds_by_time ON rounds (created_at)",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
