@@ -45,6 +45,7 @@ SLOW_IMPORT_MODULES = frozenset({
 ONE_WORKER_MODULES = {
     "tests/test_postgres_store.py": "postgres",
     "tests/test_postgres_memory.py": "postgres",
+    "tests/test_replay_postgres.py": "postgres",
     "tests/test_scale_out.py": "scale-out",
 }
 
