@@ -332,3 +332,21 @@ def test_the_sqlite_store_keeps_the_bytes_and_the_first_record(tmp_path: Path) -
         assert (got.before, got.answer, got.after, got.parent, got.api) == (
             rec.before, None, (), rec.parent, "messages")
         assert store.find("t", "other", ["c" * 32]) == []
+
+
+def test_a_database_from_before_gains_the_table(tmp_path: Path) -> None:
+    import sqlite3
+
+    from proxy.store.db import MIGRATIONS, SCHEMA_VERSION
+
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in (s for step in MIGRATIONS[:-1] for s in step):
+        conn.execute(statement)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
+    conn.close()
+    with Database(path) as db:
+        assert db.schema_version == SCHEMA_VERSION
+        store = SqliteRounds(db)
+        store.put(RoundsRecord("t", "s", "c" * 32, "", "chat", before=(b"{}",), answer=None))
+        assert len(store.find("t", "s", ["c" * 32])) == 1

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from proxy.app import create_app
-from proxy.store.postgres import PostgresBackend
+from proxy.store.postgres import PostgresBackend, upgrade
 from proxy.store.postgres.schema import SCHEMA_VERSION, schema_version
 from proxy.store.rounds import RoundsRecord
 from proxy.testing.fake_upstream import FakeUpstream
@@ -34,9 +34,10 @@ def backend(pg_url: str, tmp_path: Path) -> Iterator[PostgresBackend]:
     b.close()
 
 
-def test_the_table_comes_with_its_migration(backend: PostgresBackend, pg_url: str) -> None:
+def test_a_version_2_database_gains_the_table(pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        assert schema_version(conn) == SCHEMA_VERSION
+        assert upgrade(conn, target=2) == [1, 2]
+        assert upgrade(conn) == [3] and schema_version(conn) == SCHEMA_VERSION == 3
         row = conn.execute("SELECT to_regclass('rounds') IS NOT NULL").fetchone()
         assert row is not None and row[0]
 
