@@ -13,9 +13,11 @@ import psycopg
 import pytest
 
 from proxy.app import create_app
-from proxy.store.postgres import PostgresBackend, upgrade
+from proxy.store.db import Database
+from proxy.store.postgres import PgPool, PostgresBackend, upgrade
+from proxy.store.postgres.copy import copy_data_dir
 from proxy.store.postgres.schema import SCHEMA_VERSION, schema_version
-from proxy.store.rounds import RoundsRecord
+from proxy.store.rounds import RoundsRecord, SqliteRounds
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.inprocess import InProcess
 from tests.conftest import proxy_config
@@ -85,3 +87,21 @@ async def test_two_replicas_forward_the_same_bytes(
         sent = items_of(wire, on_b)
         assert sent[len(first):len(first) + len(internal)] == internal
         assert orjson.loads(sent[-1]) == wire.user("and now?")
+
+
+def test_migrate_storage_copies_the_rounds(backend: PostgresBackend, pg_url: str,
+                                           tmp_path: Path) -> None:
+    rec = RoundsRecord("t", "s", "c" * 32, "b" * 32, "messages",
+                       before=(b'{"role":"assistant","content":[ ]}',), answer=None)
+    data = tmp_path / "data"
+    with Database.in_dir(data) as db:
+        SqliteRounds(db).put(rec)
+    pool = PgPool(pg_url)
+    pool.open()
+    try:
+        assert copy_data_dir(data, pool).rounds == 1
+        assert copy_data_dir(data, pool).rounds == 0  # safe to run again
+    finally:
+        pool.close()
+    [got] = backend.rounds.find("t", "s", ["c" * 32])
+    assert got.before == rec.before and got.parent == rec.parent
