@@ -119,7 +119,9 @@ class Conversation:
 
         async def finish(done: Rounds) -> None:
             # The read rounds are kept before the last byte: the next turn replays them.
-            await svc.replays.record(identity, fmt.name, chains, tap.answer(), done, writes)
+            if not parsed.continued:
+                await svc.replays.record(identity, fmt.name, parsed.history, tap.answer(), done,
+                                         writes)
             if shared:
                 # A shared store: the answer is archived before the last byte too
                 # (Archive.record_answer_now).
@@ -153,8 +155,8 @@ class Conversation:
                          identity.session)
         finally:
             writes.finish(disconnected=disconnected)
-            if not rounds.replayable:
-                svc.replays.answered(identity, chains, tap.answer())
+            if not rounds.replayable and not parsed.continued:
+                svc.replays.answered(identity, fmt.name, parsed.history, tap.answer())
             svc.archive.record_answer_later(
                 identity, sent, chains, tap.answer(), result.stats, writes, rounds.internal,
                 recorded=any(archived),

@@ -1,16 +1,17 @@
 """The proxy's read rounds, kept per answer and put back on later turns (README "Retrieval").
 
 :meth:`Replays.record` keeps what a read loop did (:class:`proxy.retrieval.loop.Rounds`) under
-the chain of the answer as the client got it (:mod:`proxy.store.rounds`), before the answer's
-last byte: the client's next turn may land on another replica. :meth:`Replays.find` is the
+the answer as the client got it (:func:`proxy.pipeline.replay.key`, :mod:`proxy.store.rounds`),
+before the answer's last byte: the client's next turn may land on another replica. :meth:`Replays.find` is the
 pipeline's lookup (:mod:`proxy.pipeline.replay`): the records of the assistant messages a
 history still forwards, read into the pipeline's model by the request's own format reader.
 
 Answers are resent every turn and almost none had rounds, so an in-process cache stands in
 front of the store: every answer this process returned is known (its record, or that it has
-none), and so is every chain it looked up. The store is asked only for an assistant message
-this process has neither answered nor seen: once per answer another replica (or a process
-before a restart) returned, never on a resent history.
+none), and so is every answer it looked up; a message's key is computed once per process (by
+its chain). The store is asked only for an assistant message this process has neither
+answered nor seen: once per answer another replica (or a process before a restart) returned,
+never on a resent history.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from .formats.messages import MESSAGES
 from .formats.responses import RESPONSES
 from .lru import LRU
 from .pipeline.model import WIRE, Message, RequestView
-from .pipeline.replay import Replayed
+from .pipeline.replay import Replayed, answer_key, key
 from .retrieval.loop import Rounds
 from .session import Identity
-from .store.chains import chain_step
 from .store.interfaces import RoundStore
 from .store.rounds import RoundsRecord, encode_body
 from .writes import Mode, Writes
@@ -41,6 +41,7 @@ log = logging.getLogger("proxy.store")
 
 _CACHE_BYTES: Final = 64 << 20
 _ENTRY: Final = 200  # what an entry costs besides its items (key, tuple, dicts)
+_KEYS: Final = 200_000  # messages' keys remembered by chain
 
 _Key = tuple[str, str, str]
 
@@ -54,21 +55,36 @@ class Replays:
 
     def __init__(self, store: RoundStore | None, *, cache_bytes: int = _CACHE_BYTES) -> None:
         self.store = store
-        # (tenant, session, answer chain) -> (the record read into the model, or None; bytes)
+        # (tenant, session, answer key) -> (the record read into the model, or None; bytes)
         self._known: LRU[_Key, tuple[Replayed | None, int]] = LRU(cache_bytes, _size)
+        # A message's chain -> its key: a resent history's messages are digested once.
+        self._keys: LRU[str, str] = LRU(_KEYS)
 
     # -- the lookup (the pipeline's effect) ------------------------------------------------
 
-    async def find(self, request: RequestView, chains: Sequence[str]) -> Mapping[str, Replayed]:
+    def keys(self, request: RequestView, history: Sequence[Message],
+             indices: Sequence[int]) -> dict[int, str]:
+        chains = request.chains if len(request.chains) == len(history) else None
+        out: dict[int, str] = {}
+        for k in indices:
+            found = self._keys.get(chains[k]) if chains is not None else None
+            if found is None:
+                found = key(history[k])
+                if chains is not None:
+                    self._keys.put(chains[k], found)
+            out[k] = found
+        return out
+
+    async def find(self, request: RequestView, keys: Sequence[str]) -> Mapping[str, Replayed]:
         tenant, session = request.identity.tenant, request.identity.session
         found: dict[str, Replayed] = {}
         missing: list[str] = []
-        for chain in dict.fromkeys(chains):
-            hit = self._known.get((tenant, session, chain))
+        for wanted in dict.fromkeys(keys):
+            hit = self._known.get((tenant, session, wanted))
             if hit is None:
-                missing.append(chain)
+                missing.append(wanted)
             elif hit[0] is not None:
-                found[chain] = hit[0]
+                found[wanted] = hit[0]
         if not missing or self.store is None:
             return found
         try:
@@ -76,32 +92,33 @@ class Replays:
         except StoreUnavailable as exc:
             log.warning("read rounds unavailable (%s); forwarding without them", exc)
             return found
-        got = {r.chain: r for r in records}
-        for chain in missing:
-            rec = got.get(chain)
+        got = {r.answer_key: r for r in records}
+        for wanted in missing:
+            rec = got.get(wanted)
             model = replayed(rec) if rec is not None else None
-            self._known.put((tenant, session, chain), (model, _bytes(rec)))
+            self._known.put((tenant, session, wanted), (model, _bytes(rec)))
             if model is not None:
-                found[chain] = model
+                found[wanted] = model
         return found
 
     # -- after an answer --------------------------------------------------------------------
 
     async def record(
-        self, identity: Identity, api: str, chains: Sequence[str], answer: Any, done: Rounds,
-        writes: Writes,
+        self, identity: Identity, api: str, history: Sequence[Message], answer: Any,
+        done: Rounds, writes: Writes,
     ) -> None:
         """Keep the rounds of an answer that had any (before its last byte); never raises."""
         if not done.replayable:
-            self.answered(identity, chains, answer)
+            self.answered(identity, api, history, answer)
             return
-        key = _answer_chain(chains, answer)
-        if key is None or writes.mode is not Mode.NOW or self.store is None:
-            return  # no history to key it by, or nothing may be written for this request
+        keys = _answer_keys(api, history, answer)
+        if keys is None or writes.mode is not Mode.NOW or self.store is None:
+            return  # an answer it cannot be recognised by, or nothing may be written
+        kept_as, parent = keys
         record = RoundsRecord(
-            tenant=identity.tenant, session=identity.session, chain=key, parent=chains[-1],
-            api=api, before=tuple(done.wire), answer=None if done.full is None else tuple(done.full),
-            after=tuple(done.results))
+            tenant=identity.tenant, session=identity.session, answer_key=kept_as,
+            parent=parent, api=api, before=tuple(done.wire),
+            answer=None if done.full is None else tuple(done.full), after=tuple(done.results))
         store = self.store
 
         def job() -> int:
@@ -114,15 +131,16 @@ class Replays:
             log.warning("keeping the read rounds failed (%s); later turns forward without them",
                         exc)
             return
-        self._known.put((identity.tenant, identity.session, key),
+        self._known.put((identity.tenant, identity.session, kept_as),
                         (replayed(record), _bytes(record)))
 
-    def answered(self, identity: Identity, chains: Sequence[str], answer: Any) -> None:
+    def answered(self, identity: Identity, api: str, history: Sequence[Message],
+                 answer: Any) -> None:
         """An answer this process returned without rounds: later turns need not ask."""
-        key = _answer_chain(chains, answer)
-        if key is None:
+        keys = _answer_keys(api, history, answer)
+        if keys is None:
             return
-        full = (identity.tenant, identity.session, key)
+        full = (identity.tenant, identity.session, keys[0])
         if full not in self._known:
             self._known.put(full, (None, 0))
 
@@ -130,18 +148,20 @@ class Replays:
         self._known.clear()
 
 
-def _answer_chain(chains: Sequence[str], answer: Any) -> str | None:
-    """The chain the answer has in the client's next history (None: nothing to key by)."""
-    if not chains or not answer:
+def _answer_keys(api: str, history: Sequence[Message], answer: Any) -> tuple[str, str] | None:
+    """The answer's :func:`answer_key` as the client's next history will have it, and its
+    parent's key; None when it is not one assistant message there."""
+    if not answer:
         return None
     items = [answer] if isinstance(answer, dict) else list(answer)
-    chain: str = chains[-1]
     try:
-        for item in items:
-            chain = chain_step(chain, item)
-    except Exception:  # an answer that cannot be hashed is never recognised either
+        model = _model(api, [orjson.dumps(item) for item in items])
+    except Exception:  # an answer its format cannot read is never recognised either
         return None
-    return chain
+    if len(model) != 1 or model[0][0].get("role") != "assistant":
+        return None
+    parent = key(history[-1]) if history else ""
+    return answer_key(parent, key(model[0][0])), parent
 
 
 def _bytes(record: RoundsRecord | None) -> int:
@@ -168,11 +188,10 @@ def replayed(record: RoundsRecord) -> Replayed:
     return Replayed(record.parent, before, answer, after)
 
 
-def _messages(api: str, items: Sequence[bytes]) -> tuple[Message, ...]:
-    if not items:
-        return ()
+def _model(api: str, items: Sequence[bytes]) -> list[tuple[Message, range]]:
+    """Wire items as the format reads them: each message with the items it stands for."""
     if api == "chat":
-        return tuple(orjson.loads(item) for item in items)  # the model is the wire format
+        return [(orjson.loads(item), range(i, i + 1)) for i, item in enumerate(items)]
     array = b"[" + b",".join(items) + b"]"
     if api == "responses":
         parsed = RESPONSES.parse(b'{"model":"-","input":' + array + b"}", len(items))
@@ -180,11 +199,18 @@ def _messages(api: str, items: Sequence[bytes]) -> tuple[Message, ...]:
         parsed = MESSAGES.parse(b'{"model":"-","messages":' + array + b"}", len(items))
     else:
         raise ValueError(f"unknown wire format {api!r}")
+    return list(zip(parsed.history, parsed.spans, strict=True))
+
+
+def _messages(api: str, items: Sequence[bytes]) -> tuple[Message, ...]:
+    if not items:
+        return ()
     out: list[Message] = []
-    for message, span in zip(parsed.history, parsed.spans, strict=True):
-        # Messages: only an assistant message is written from its bytes (tool results are
-        # rebuilt as blocks, the same bytes); Responses: every item is.
-        if api == "responses" or message.get("role") == "assistant":
+    for message, span in _model(api, items):
+        # Chat: the model is the wire format. Messages: only an assistant message is written
+        # from its bytes (tool results are rebuilt as blocks, the same bytes). Responses:
+        # every item is.
+        if api == "responses" or (api == "messages" and message.get("role") == "assistant"):
             message = {**message, WIRE: [items[i].decode() for i in span]}
         out.append(message)
     return tuple(out)

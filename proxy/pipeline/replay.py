@@ -9,24 +9,29 @@ them back, right before the answer they led to; an answer whose copy lost the pr
 after it (a format writer puts them first in the following user message where the wire wants
 that). The forwarded history is then the model's view plus what the client appended.
 
-Pure over the pipeline's model: :func:`candidates` names the chains worth looking up (the
-assistant messages still forwarded: an answer a compaction evicted has its rounds replaced by
-the summary too), the caller looks them up (:class:`Source`, an effect), :func:`insert` puts
-the records found in place. An answer is recognised by its chain (the client's copy exactly,
-after exactly the prefix it followed) and the chain before it, so an edited history gets
-nothing. Runs after compaction and memory, before validate: the pairs put in are whole.
+Pure over the pipeline's model: :func:`candidates` names the assistant messages worth looking
+up (the ones still forwarded: an answer a compaction evicted has its rounds replaced by the
+summary too), the caller looks them up (:class:`Source`, an effect), :func:`insert` puts the
+records found in place. An answer is recognised by :func:`key` of its message and of the
+message before it (:func:`answer_key`), both as the client's originals in the model: what a client may change
+without changing the conversation does not count (``cache_control`` markers, which Claude Code
+moves to its newest message every turn, and null fields), everything else does, so an edited
+answer, or one after an edited message, gets nothing. Runs after compaction and memory, before
+validate: the pairs put in are whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from ..store.chains import CHAIN_HEX, canonical
 from .model import Message, RequestView, StageOutcome
 
-__all__ = ["Replayed", "Source", "candidates", "insert", "run"]
+__all__ = ["Replayed", "Source", "answer_key", "candidates", "insert", "key", "run"]
 
 log = logging.getLogger("proxy.pipeline")
 
@@ -35,43 +40,63 @@ log = logging.getLogger("proxy.pipeline")
 class Replayed:
     """One answer's rounds in the pipeline's model (see :mod:`proxy.store.rounds`)."""
 
-    parent: str  # the chain before the answer ("" at the root)
+    parent: str  # key() of the message before the answer ("" at the start)
     before: tuple[Message, ...]
     answer: tuple[Message, ...] | None  # the model's answer in place of the client's copy
     after: tuple[Message, ...] = ()
 
 
 class Source(Protocol):
-    """Where the records come from (proxy.rounds: a cache in front of the store)."""
+    """Where the records come from (proxy.rounds: caches in front of the store)."""
 
     enabled: bool
 
-    async def find(self, request: RequestView, chains: Sequence[str]) -> Mapping[str, Replayed]:
+    def keys(self, request: RequestView, history: Sequence[Message],
+             indices: Sequence[int]) -> Mapping[int, str]:
+        """:func:`key` of those history messages (cached by the caller)."""
+        ...
+
+    async def find(self, request: RequestView, keys: Sequence[str]) -> Mapping[str, Replayed]:
+        """The records of those :func:`answer_key` values that have one."""
         ...
 
 
-def candidates(messages: Sequence[Message], history: Sequence[Message],
-               chains: Sequence[str]) -> list[str]:
-    """The chains of the history's assistant messages that are still forwarded."""
-    if len(chains) != len(history):
-        return []
+def _plain(value: Any) -> Any:
+    """``value`` without ``cache_control`` members and null fields, at any depth (the very
+    object when it has none)."""
+    if isinstance(value, dict):
+        if any(k == "cache_control" or v is None or isinstance(v, dict | list)
+               for k, v in value.items()):
+            return {k: _plain(v) for k, v in value.items()
+                    if k != "cache_control" and v is not None}
+        return value
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        return [_plain(v) for v in value]
+    return value
+
+
+def key(message: Message) -> str:
+    """A message's identity for recognising an answer: its digest as the model reads it."""
+    return hashlib.sha256(canonical(_plain(message))).hexdigest()[:CHAIN_HEX]
+
+
+def answer_key(parent: str, answer: str) -> str:
+    """The key an answer is kept under: its own :func:`key` after its parent's (the same
+    answer after another message is another answer)."""
+    return hashlib.sha256(f"{parent}:{answer}".encode()).hexdigest()[:CHAIN_HEX]
+
+
+def candidates(messages: Sequence[Message], history: Sequence[Message]) -> list[int]:
+    """The history's assistant messages that are still forwarded."""
     kept = {id(m) for m in messages}
-    return [chains[k] for k, m in enumerate(history)
-            if m.get("role") == "assistant" and id(m) in kept]
+    return [k for k, m in enumerate(history) if m.get("role") == "assistant" and id(m) in kept]
 
 
-def insert(messages: list[Message], history: Sequence[Message], chains: Sequence[str],
-           found: Mapping[str, Replayed]) -> StageOutcome:
-    """``messages`` with each found answer's rounds before it (and its own answer and results,
-    when the client's copy lost the proxy's calls)."""
-    at: dict[int, Replayed] = {}
-    for k, m in enumerate(history):
-        rec = found.get(chains[k]) if k < len(chains) else None
-        if rec is None or m.get("role") != "assistant":
-            continue
-        if rec.parent != (chains[k - 1] if k else ""):
-            continue  # the same answer after another prefix: not the model's view
-        at[id(m)] = rec
+def insert(messages: list[Message], history: Sequence[Message],
+           found: Mapping[int, Replayed]) -> StageOutcome:
+    """``messages`` with the rounds of each found answer (history index) before it, and its
+    own answer and results when the client's copy lost the proxy's calls."""
+    at = {id(history[k]): rec for k, rec in found.items()}
     if not at:
         return StageOutcome(messages, False)
     out: list[Message] = []
@@ -88,7 +113,18 @@ def insert(messages: list[Message], history: Sequence[Message], chains: Sequence
 
 async def run(source: Source, messages: list[Message], history: list[Message],
               request: RequestView) -> StageOutcome:
-    """Look up (the caller's effect, through ``source``) and insert."""
-    wanted = candidates(messages, history, request.chains)
-    found = await source.find(request, wanted) if wanted else {}
-    return insert(messages, history, request.chains, found)
+    """Look up (the caller's effect, through ``source``) and insert the answers found after
+    the message they followed."""
+    wanted = candidates(messages, history)
+    if not wanted:
+        return StageOutcome(messages, False)
+    keys = source.keys(request, history, sorted({*wanted, *(k - 1 for k in wanted if k)}))
+    parents = {k: keys[k - 1] if k else "" for k in wanted}
+    pairs = {k: answer_key(parents[k], keys[k]) for k in wanted}
+    found = await source.find(request, list(pairs.values()))
+    matched = {}
+    for k in wanted:
+        rec = found.get(pairs[k])
+        if rec is not None and rec.parent == parents[k]:
+            matched[k] = rec
+    return insert(messages, history, matched)

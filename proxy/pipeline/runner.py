@@ -157,9 +157,10 @@ class Pipeline:
                 log.exception("stage memory failed; forwarding without it")
                 failed.append("memory")
 
-        if self.replay is not None and self.replay.enabled:  # the proxy's read rounds, back
+        replay = self.replay  # the proxy's read rounds, put back (not in a history upstream)
+        if replay is not None and replay.enabled and len(request.chains) == len(history):
             try:
-                outcome = await replay_rounds(self.replay, messages, history, request)
+                outcome = await replay_rounds(replay, messages, history, request)
                 messages = outcome.messages
                 _add(stats, outcome.stats)
             except Exception:

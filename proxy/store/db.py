@@ -160,14 +160,14 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     ),
     (
         # The proxy's own read rounds of an answer, put back before it on later turns
-        # (proxy.store.rounds): keyed by the chain of the answer as the client got it.
+        # (proxy.store.rounds): keyed by the answer as the client got it.
         """CREATE TABLE rounds (
             tenant     TEXT NOT NULL,
             session    TEXT NOT NULL,
-            chain      TEXT NOT NULL,
+            answer_key TEXT NOT NULL,
             body       BLOB NOT NULL,
             created_at TEXT NOT NULL,
-            PRIMARY KEY (tenant, session, chain)
+            PRIMARY KEY (tenant, session, answer_key)
         ) WITHOUT ROWID""",
         "CREATE INDEX rounds_by_time ON rounds (created_at)",
     ),

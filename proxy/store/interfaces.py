@@ -140,12 +140,12 @@ class MemoryStore(Protocol):
 
 
 class RoundStore(Protocol):
-    """The proxy's read rounds per answer, keyed by the answer's chain (see store.rounds):
-    one record per chain, the first one written."""
+    """The proxy's read rounds per answer, keyed by the answer (see store.rounds): one record
+    per key, the first one written."""
 
     def put(self, record: RoundsRecord, *, now: datetime | None = None) -> None: ...
 
-    def find(self, tenant: str, session: str, chains: Sequence[str]) -> list[RoundsRecord]: ...
+    def find(self, tenant: str, session: str, keys: Sequence[str]) -> list[RoundsRecord]: ...
 
 
 class SharedSummaries(Summaries, Protocol):

@@ -13,9 +13,9 @@ any, what the history must hold around it for the model's view to be whole again
   when the client's copy is the model's;
 * ``after``: the results of those calls (for Messages, ``tool_result`` blocks).
 
-Keyed by ``chain``: the chain hash (:mod:`proxy.store.chains`) of the answer as the client got
-it, following the request's history. A later history holding exactly that answer after exactly
-that prefix has the same chain at its position; an edited one does not, and gets nothing.
+Keyed by ``answer_key`` (:func:`proxy.pipeline.replay.answer_key`): the answer as the client got
+it (in the pipeline's model) after the message it followed, whose key is ``parent``; a later
+history holding that answer after that message gets the record.
 
 The items are kept as JSON bytes, never re-encoded: a signed thinking block goes back as the
 loop sent it. On disk one row per answer, ``body`` the JSON object ``{"api", "parent",
@@ -37,18 +37,18 @@ from .paths import check_name
 
 __all__ = ["RoundsRecord", "SqliteRounds", "decode_body", "encode_body"]
 
-_COLUMNS: Final = "tenant, session, chain, body, created_at"
+_COLUMNS: Final = "tenant, session, answer_key, body, created_at"
 _MEMBERS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ITEMS: Final = msgspec.json.Decoder(list[msgspec.Raw])
-_BATCH: Final = 500  # chains per query (SQLite's limit on parameters is far above)
+_BATCH: Final = 500  # keys per query (SQLite's limit on parameters is far above)
 
 
 @dataclass(frozen=True, slots=True)
 class RoundsRecord:
     tenant: str
     session: str
-    chain: str  # the answer's chain as the client got it, after the request's history
-    parent: str  # the chain of the history before the answer ("" at the root)
+    answer_key: str  # pipeline.replay.answer_key() of the answer as the client got it
+    parent: str  # key() of the message before it ("" when there is none)
     api: str  # the wire format: "chat", "responses", "messages"
     before: tuple[bytes, ...]  # wire items inserted right before the answer
     answer: tuple[bytes, ...] | None  # the model's answer, in place of the client's copy
@@ -66,7 +66,7 @@ def encode_body(record: RoundsRecord) -> bytes:
             + b',"answer":' + answer + b',"after":' + array(record.after) + b"}")
 
 
-def decode_body(tenant: str, session: str, chain: str, body: bytes,
+def decode_body(tenant: str, session: str, answer_key: str, body: bytes,
                 created_at: datetime | None = None) -> RoundsRecord:
     """The record of a stored body; each item as the bytes it was stored as."""
     parts = _MEMBERS.decode(body)
@@ -76,7 +76,7 @@ def decode_body(tenant: str, session: str, chain: str, body: bytes,
 
     answer_raw = bytes(parts["answer"])
     return RoundsRecord(
-        tenant=tenant, session=session, chain=chain,
+        tenant=tenant, session=session, answer_key=answer_key,
         parent=str(orjson.loads(bytes(parts["parent"]))), api=str(orjson.loads(bytes(parts["api"]))),
         before=items("before"), answer=None if answer_raw == b"null" else items("answer"),
         after=items("after"), created_at=created_at,
@@ -90,24 +90,24 @@ class SqliteRounds:
         self.db = db
 
     def put(self, record: RoundsRecord, *, now: datetime | None = None) -> None:
-        """Keep a record; one answer has one (a second put for its chain changes nothing)."""
+        """Keep a record; one answer has one (a second put for its key changes nothing)."""
         check_name(record.tenant, "tenant")
         check_name(record.session, "session")
         with self.db.transaction() as conn:
             conn.execute(
                 f"INSERT INTO rounds ({_COLUMNS}) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (tenant, session, chain) DO NOTHING",
-                (record.tenant, record.session, record.chain, encode_body(record),
+                "ON CONFLICT (tenant, session, answer_key) DO NOTHING",
+                (record.tenant, record.session, record.answer_key, encode_body(record),
                  format_ts(utc(now))))
 
-    def find(self, tenant: str, session: str, chains: Sequence[str]) -> list[RoundsRecord]:
-        """The records of those of ``chains`` that have one."""
+    def find(self, tenant: str, session: str, keys: Sequence[str]) -> list[RoundsRecord]:
+        """The records of those of ``keys`` that have one."""
         rows = []
         with self.db.connect() as conn:
-            for at in range(0, len(chains), _BATCH):
-                batch = list(chains[at:at + _BATCH])
+            for at in range(0, len(keys), _BATCH):
+                batch = list(keys[at:at + _BATCH])
                 marks = ", ".join("?" * len(batch))
                 rows += conn.execute(
                     f"SELECT {_COLUMNS} FROM rounds WHERE tenant = ? AND session = ? "
-                    f"AND chain IN ({marks})", (tenant, session, *batch)).fetchall()
+                    f"AND answer_key IN ({marks})", (tenant, session, *batch)).fetchall()
         return [decode_body(r[0], r[1], r[2], bytes(r[3]), parse_ts(r[4])) for r in rows]

@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,9 +124,11 @@ def _workdir(files: int, lines: int) -> Iterator[tuple[Path, Path]]:
 def run_session(
     binary: Path, config: Config, fake: FakeUpstream, fake_url: str, *, reads: int = 6,
     lines: int = 1200, timeout_s: float = 240,
+    model: Callable[[dict[str, Any]], Reply | None] | None = None,
 ) -> Session:
     """One ``claude -p`` session through a proxy built from ``config`` (its anthropic upstream
-    pointed at ``fake_url``) in front of ``fake``."""
+    pointed at ``fake_url``) in front of ``fake``. ``model`` answers a request first when it
+    returns a reply (the proxy's read tool, say); the scripted reads otherwise."""
     issued: set[str] = set()
     done = {"reads": 0}
 
@@ -135,6 +137,10 @@ def run_session(
             return Reply(content=SUMMARY)
         if not req.get("tools"):
             return Reply(content="ok")
+        own = model(req) if model is not None else None
+        if own is not None:
+            issued.add(reasoning_token(own))
+            return own
         if done["reads"] >= reads:
             reply = Reply(content=FINAL, reasoning="every file is read")
         else:

@@ -177,10 +177,10 @@ def _copy_memory_rows(db: Database, pool: PgPool, report: CopyReport) -> None:
 
 def _copy_rounds(db: Database, pool: PgPool, report: CopyReport) -> None:
     with db.connect() as src:
-        rows = src.execute("SELECT tenant, session, chain, body, created_at FROM rounds").fetchall()
+        rows = src.execute("SELECT tenant, session, answer_key, body, created_at FROM rounds").fetchall()
     with pool.connection() as conn, conn.transaction():
-        for t, s, chain, body, created in rows:
+        for t, s, answer_key, body, created in rows:
             report.rounds += conn.execute(
-                """INSERT INTO rounds (tenant, session, chain, body, created_at)
+                """INSERT INTO rounds (tenant, session, answer_key, body, created_at)
                    VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
-                (t, s, chain, bytes(body), parse_ts(created))).rowcount
+                (t, s, answer_key, bytes(body), parse_ts(created))).rowcount

@@ -15,7 +15,7 @@ from .pool import PgPool
 
 __all__ = ["PgRounds"]
 
-_COLUMNS: Final = "tenant, session, chain, body, created_at"
+_COLUMNS: Final = "tenant, session, answer_key, body, created_at"
 
 
 class PgRounds:
@@ -28,14 +28,15 @@ class PgRounds:
         with self.pool.connection() as conn:
             conn.execute(
                 f"INSERT INTO rounds ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s) "
-                "ON CONFLICT (tenant, session, chain) DO NOTHING",
-                (record.tenant, record.session, record.chain, encode_body(record), utc(now)))
+                "ON CONFLICT (tenant, session, answer_key) DO NOTHING",
+                (record.tenant, record.session, record.answer_key, encode_body(record),
+                 utc(now)))
 
-    def find(self, tenant: str, session: str, chains: Sequence[str]) -> list[RoundsRecord]:
-        if not chains:
+    def find(self, tenant: str, session: str, keys: Sequence[str]) -> list[RoundsRecord]:
+        if not keys:
             return []
         with self.pool.connection() as conn:
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM rounds WHERE tenant = %s AND session = %s "
-                "AND chain = ANY(%s)", (tenant, session, list(chains))).fetchall()
+                "AND answer_key = ANY(%s)", (tenant, session, list(keys))).fetchall()
         return [decode_body(t, s, c, bytes(b), utc(at)) for t, s, c, b, at in rows]

@@ -180,10 +180,10 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         """CREATE TABLE rounds (
             tenant     TEXT NOT NULL,
             session    TEXT NOT NULL,
-            chain      TEXT NOT NULL,
+            answer_key TEXT NOT NULL,
             body       BYTEA NOT NULL,
             created_at TIMESTAMPTZ NOT NULL,
-            PRIMARY KEY (tenant, session, chain)
+            PRIMARY KEY (tenant, session, answer_key)
         )""",
         "CREATE INDEX rounds_by_time ON rounds (created_at)",
     ),
