@@ -28,7 +28,7 @@ from .formats.messages import MESSAGES
 from .formats.responses import RESPONSES
 from .lru import LRU
 from .pipeline.model import WIRE, Message, RequestView
-from .pipeline.replay import Replayed, answer_key, key
+from .pipeline.replay import Replayed, answer_key, key, keys_at
 from .retrieval.loop import Rounds
 from .session import Identity
 from .store.interfaces import RoundStore
@@ -57,19 +57,20 @@ class Replays:
         self.store = store
         # (tenant, session, answer key) -> (the record read into the model, or None; bytes)
         self._known: LRU[_Key, tuple[Replayed | None, int]] = LRU(cache_bytes, _size)
-        # A message's chain -> its key: a resent history's messages are digested once.
-        self._keys: LRU[str, str] = LRU(_KEYS)
+        # An assistant message's chain -> its keys: a resent history is digested once.
+        self._keys: LRU[str, tuple[str, str]] = LRU(_KEYS)
 
     # -- the lookup (the pipeline's effect) ------------------------------------------------
 
     def keys(self, request: RequestView, history: Sequence[Message],
-             indices: Sequence[int]) -> dict[int, str]:
+             indices: Sequence[int]) -> dict[int, tuple[str, str]]:
+        # A message's chain stands for it and everything before it: what its keys depend on.
         chains = request.chains if len(request.chains) == len(history) else None
-        out: dict[int, str] = {}
+        out: dict[int, tuple[str, str]] = {}
         for k in indices:
             found = self._keys.get(chains[k]) if chains is not None else None
             if found is None:
-                found = key(history[k])
+                found = keys_at(history, k)
                 if chains is not None:
                     self._keys.put(chains[k], found)
             out[k] = found

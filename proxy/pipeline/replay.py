@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from ..store.chains import CHAIN_HEX, canonical
 from .model import Message, RequestView, StageOutcome
 
-__all__ = ["Replayed", "Source", "answer_key", "candidates", "insert", "key", "run"]
+__all__ = ["Replayed", "Source", "answer_key", "candidates", "insert", "key", "keys_at", "run"]
 
 log = logging.getLogger("proxy.pipeline")
 
@@ -52,8 +52,8 @@ class Source(Protocol):
     enabled: bool
 
     def keys(self, request: RequestView, history: Sequence[Message],
-             indices: Sequence[int]) -> Mapping[int, str]:
-        """:func:`key` of those history messages (cached by the caller)."""
+             indices: Sequence[int]) -> Mapping[int, tuple[str, str]]:
+        """:func:`keys_at` of those history messages (cached by the caller)."""
         ...
 
     async def find(self, request: RequestView, keys: Sequence[str]) -> Mapping[str, Replayed]:
@@ -84,6 +84,12 @@ def answer_key(parent: str, answer: str) -> str:
     """The key an answer is kept under: its own :func:`key` after its parent's (the same
     answer after another message is another answer)."""
     return hashlib.sha256(f"{parent}:{answer}".encode()).hexdigest()[:CHAIN_HEX]
+
+
+def keys_at(history: Sequence[Message], k: int) -> tuple[str, str]:
+    """The :func:`answer_key` of history message ``k`` and the key of the one before it."""
+    parent = key(history[k - 1]) if k else ""
+    return answer_key(parent, key(history[k])), parent
 
 
 def candidates(messages: Sequence[Message], history: Sequence[Message]) -> list[int]:
@@ -118,13 +124,11 @@ async def run(source: Source, messages: list[Message], history: list[Message],
     wanted = candidates(messages, history)
     if not wanted:
         return StageOutcome(messages, False)
-    keys = source.keys(request, history, sorted({*wanted, *(k - 1 for k in wanted if k)}))
-    parents = {k: keys[k - 1] if k else "" for k in wanted}
-    pairs = {k: answer_key(parents[k], keys[k]) for k in wanted}
-    found = await source.find(request, list(pairs.values()))
+    keys = source.keys(request, history, wanted)
+    found = await source.find(request, [keys[k][0] for k in wanted])
     matched = {}
     for k in wanted:
-        rec = found.get(pairs[k])
-        if rec is not None and rec.parent == parents[k]:
+        rec = found.get(keys[k][0])
+        if rec is not None and rec.parent == keys[k][1]:
             matched[k] = rec
     return insert(messages, history, matched)
