@@ -119,7 +119,7 @@ class Conversation:
 
         async def finish(done: Rounds) -> None:
             # The read rounds are kept before the last byte: the next turn replays them.
-            if not parsed.continued:
+            if done.replayable and not parsed.continued:
                 await svc.replays.record(identity, fmt.name, parsed.history, tap.answer(), done,
                                          writes)
             if shared:

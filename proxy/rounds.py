@@ -109,9 +109,6 @@ class Replays:
         done: Rounds, writes: Writes,
     ) -> None:
         """Keep the rounds of an answer that had any (before its last byte); never raises."""
-        if not done.replayable:
-            self.answered(identity, api, history, answer)
-            return
         keys = _answer_keys(api, history, answer)
         if keys is None or writes.mode is not Mode.NOW or self.store is None:
             return  # an answer it cannot be recognised by, or nothing may be written
