@@ -350,3 +350,22 @@ def test_a_database_from_before_gains_the_table(tmp_path: Path) -> None:
         store = SqliteRounds(db)
         store.put(RoundsRecord("t", "s", "c" * 32, "", "chat", before=(b"{}",), answer=None))
         assert len(store.find("t", "s", ["c" * 32])) == 1
+
+
+def test_a_message_is_recognised_whatever_markers_or_nulls_it_carries() -> None:
+    from proxy.pipeline.replay import Replayed, insert, key
+
+    plain = {"role": "user", "content": [{"type": "text", "text": "go"}]}
+    marked = {"role": "user", "content": [{"type": "text", "text": "go",
+                                           "cache_control": {"type": "ephemeral"}}]}
+    assert key(plain) == key(marked) == key({**plain, "name": None})
+    assert key(plain) != key({"role": "user", "content": [{"type": "text", "text": "go!"}]})
+    # Put in place before the answer found; the client's other messages are the same objects.
+    answer = {"role": "assistant", "content": "done"}
+    history = [plain, answer]
+    read = ({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "r", "type": "function", "function": {"name": READ, "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "r", "content": "text"})
+    out = insert(list(history), history, {1: Replayed(key(plain), read, None)})
+    assert out.messages == [plain, *read, answer] and out.messages[0] is plain
+    assert out.stats == {"replayed": 2}
