@@ -392,3 +392,31 @@ def test_random_streams_without_the_proxys_tool_pass_byte_identical(
             one()
         finally:
             runner.run(app.stop())
+
+
+# --- the encoder alone ---------------------------------------------------------------------------
+
+
+def test_encoder_splices_into_the_forwarded_bytes() -> None:
+    from proxy.retrieval.loop import Encoder
+
+    read = {"type": "function", "name": TOOL}
+    raw = b'{"input" : "caf\\u00e9", "n" : 1.50, "tools" : [ {"name": "a"} ]}'
+    body = {"input": "caf\u00e9", "n": 1.5, "tools": [{"name": "a"}, read]}
+    encoder = Encoder(body, raw, "input", lambda v: [{"role": "user", "content": v}])
+    first = json.members(encoder.request())
+    assert bytes(first["input"]) == b'"caf\\u00e9"' and bytes(first["n"]) == b"1.50"
+    assert [bytes(t) for t in json.array_items(first["tools"])] == [b'{"name": "a"}',
+                                                                    json.dumps(read)]
+    # A string input becomes its one message once a round is appended to it.
+    second = orjson.loads(encoder.request([b'{"k":1}', b'{"k":2}']))
+    assert second["input"] == [{"role": "user", "content": "caf\u00e9"}, {"k": 1}, {"k": 2}]
+    assert orjson.loads(encoder.request([b'{"k":3}']))["input"][-2:] == [{"k": 2}, {"k": 3}]
+    # No tools in the bytes: the body's become them. The tool already there: nothing changes.
+    assert orjson.loads(Encoder({"tools": [read]}, b"{}", "input").request()) == {"tools": [read]}
+    same = b'{"tools":[{"name":"read_offloaded"}]}'
+    assert Encoder(orjson.loads(same), same, "input").request() == same
+    # Without the bytes, the dict.
+    fallback = Encoder({"input": [1], "tools": [read]}, None, "input")
+    assert orjson.loads(fallback.request([b"2"])) == {"input": [1, 2], "tools": [read]}
+    assert orjson.loads(fallback.continued({"input": [3]}, ("tools",))) == {"input": [3]}

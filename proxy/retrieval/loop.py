@@ -569,8 +569,8 @@ def _drop_calls(choice: dict[str, Any], theirs: list[Any]) -> None:
 class ReadLoop(Protocol):
     """A read-tool loop for one wire format (this module's :class:`Reader` for chat
     completions, :class:`~proxy.retrieval.responses_loop.ResponsesReader`, ...). ``body`` is
-    the request with the tool (:meth:`with_tool`); ``raw``, the bytes it was read from, for a
-    loop that must send what it did not change byte for byte (Messages: signed thinking)."""
+    the request with the tool (:meth:`with_tool`); ``raw``, the bytes it was read from (without
+    the tool): every loop sends what it did not change byte for byte (:class:`Encoder`)."""
 
     def needed(self, messages: Sequence[Any]) -> bool: ...
 
