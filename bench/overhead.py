@@ -89,6 +89,13 @@ def _ms(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far (Linux /proc): what a request costs the proxy
+    whatever else the machine runs (wall-clock figures are not, on a shared machine)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wrk(url: str, script: Path, duration: int, connections: int) -> dict[str, float]:
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script), url],
@@ -101,6 +108,7 @@ def wrk(url: str, script: Path, duration: int, connections: int) -> dict[str, fl
     sock_err = re.search(r"Socket errors: (.*)", out)
     return {
         "rps": rps, "p50": p50, "p99": p99,
+        "requests": float(re.search(r"(\d+) requests in", out).group(1)),  # type: ignore[union-attr]
         "non2xx": float(errors.group(1)) if errors else 0.0,
         "sock_errors": 1.0 if sock_err else 0.0,
     }
@@ -186,12 +194,17 @@ def main() -> None:
         for kind, script in scripts.items():  # warm-up
             for target in targets[kind].values():
                 wrk(target, script, 1, args.connections)
+        pids = {"proxy": proxy.pid, **({"base": base.pid} if base is not None else {})}
+        cpu: dict[tuple[str, str], list[float]] = {}  # CPU ms per request of the proxy's process
         for _ in range(args.rounds):
             for kind, script in scripts.items():
                 for mode, target in targets[kind].items():
-                    tput.setdefault((kind, mode), []).append(
-                        wrk(target, script, args.duration, args.connections)
-                    )
+                    before = cpu_seconds(pids[mode]) if mode in pids else 0.0
+                    run = wrk(target, script, args.duration, args.connections)
+                    tput.setdefault((kind, mode), []).append(run)
+                    if mode in pids:
+                        cpu.setdefault((kind, mode), []).append(
+                            (cpu_seconds(pids[mode]) - before) * 1000 / max(run["requests"], 1))
                     lat.setdefault((kind, mode), []).append(
                         wrk(target, script, args.duration, args.latency_connections)
                     )
@@ -221,6 +234,9 @@ def main() -> None:
             if "bare" in row:
                 print(f"{kind:9} proxy   vs bare aiohttp pass-through: "
                       f"{row['proxy']['rps'] / row['bare']['rps']:.2f}x throughput")
+            for mode in [m for m in ("base", "proxy") if (kind, m) in cpu]:
+                print(f"{kind:9} {mode:7} CPU {statistics.median(cpu[(kind, mode)]):.3f} ms "
+                      "per request (the proxy's process, throughput runs)")
             if "base" in row:
                 print(f"{kind:9} proxy   vs base: {row['proxy']['rps'] / row['base']['rps']:.2f}x "
                       f"throughput, p50 {row['proxy']['p50'] - row['base']['p50']:+.2f} ms")
