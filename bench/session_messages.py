@@ -57,9 +57,9 @@ class Model:
     """The scripted model for both formats: Messages summarizer calls (the prompt in
     ``system``) are told apart here, chat ones by ScriptedModel itself."""
 
-    def __init__(self, steps_n: int) -> None:
-        self.chat = ScriptedModel(script(steps_n=steps_n), summary_delay_s=0.0, text_every=4)
-        self.messages = ScriptedModel(script(steps_n=steps_n), summary_delay_s=0.0, text_every=4)
+    def __init__(self, steps_n: int, seed: int = 7) -> None:
+        self.chat = ScriptedModel(script(seed, steps_n), summary_delay_s=0.0, text_every=4)
+        self.messages = ScriptedModel(script(seed, steps_n), summary_delay_s=0.0, text_every=4)
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         if "system" not in body:

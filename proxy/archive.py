@@ -76,24 +76,30 @@ class Archive:
 
     async def record_request(
         self, identity: Identity, messages: Sequence[Any], chains: Sequence[str], writes: Writes
-    ) -> None:
+    ) -> bool | None:
         """Archive what the client sent before anything can go wrong upstream (or, for a key
-        the provider has not accepted yet, once it has); never raises."""
+        the provider has not accepted yet, once it has); never raises. Returns the session's
+        thinking flag when the write read the session row (None: it did not; see
+        :class:`proxy.store.dialog.RecordResult`)."""
         if len(chains) != len(messages) or not writes.allowed:
-            return
+            return None
         tenant, session = identity.tenant, identity.session
         if self.known.all_known(tenant, session, chains):
-            return  # a resent history: nothing new to write, no thread hop, no query
+            return None  # a resent history: nothing new to write, no thread hop, no query
         store = self.store
+        flag: list[bool | None] = []
 
         def job() -> int:
-            return store.record(tenant, session, messages, chains=chains).bytes_written
+            result = store.record(tenant, session, messages, chains=chains)
+            flag.append(result.thinking_dropped)
+            return result.bytes_written
 
         try:
             await writes.write(job, lambda: self.known.add(tenant, session, chains))
         except Exception as exc:
             self.metrics.disk_errors.inc()
             log.warning("dialog archive write failed (%s); forwarding anyway", exc)
+        return flag[0] if flag else None
 
     async def record_answer_now(
         self,
@@ -214,7 +220,7 @@ class NullArchive:
 
     async def record_request(
         self, identity: Identity, messages: Sequence[Any], chains: Sequence[str], writes: Writes
-    ) -> None:
+    ) -> bool | None:
         return None
 
     async def record_answer_now(

@@ -191,8 +191,9 @@ class OffloadConfig(_Section):
     )
     age_policy: Literal["batched", "eager"] = Field(
         "batched",
-        description="batched: re-cut aged results together once enough bytes can be saved; "
-        "eager: re-cut as soon as a result ages.",
+        description="With compaction off: batched re-cuts aged results together once enough "
+        "bytes can be saved; eager re-cuts as soon as a result ages. With compaction on, aged "
+        "results are re-cut at compactions (the epoch rule) whatever the policy.",
     )
     age_batch_bytes: int = Field(
         131072,

@@ -28,6 +28,7 @@ from .routes import caller_of, header_map, services_of
 from .services import Services
 from .session import Identity, resolve
 from .upstream.relay import anthropic_error_event, sse_error_event
+from .upstream.thinking import Binding
 from .writes import Mode, Writes
 
 __all__ = ["HUGE_BODY", "LARGE_BODY", "Conversation", "ctx_headers"]
@@ -87,7 +88,8 @@ class Conversation:
         )
         sent = parsed.items
         chains = await _cpu(huge, svc.archive.chains, sent)
-        await svc.archive.record_request(identity, sent, chains, writes)
+        # The archive reads the session row anyway: its thinking flag comes with it.
+        dropped = await svc.archive.record_request(identity, sent, chains, writes)
         view = RequestView(
             model=parsed.model, body=body, identity=identity,
             # A history kept upstream is slimmed but never compacted here.
@@ -116,6 +118,9 @@ class Conversation:
             # The history lives upstream: only this request's new items were slimmed.
             extra.append((b"x-ctxproxy-history", b"upstream"))
         tap = fmt.tap()
+        # Messages: a thinking block bound to another prefix is recovered from (upstream.thinking).
+        binding = (svc.thinking.binding(identity, body, persist=writes.allowed, stored=dropped)
+                   if fmt.name == "messages" else None)
         rounds = Rounds()
         archived: list[bool] = []
 
@@ -135,7 +140,7 @@ class Conversation:
         elif reads and reader is not None:
             loop_body = reader.with_tool(orjson.loads(out))
             work = _via_reads(reader, fmt, svc, scope, send, loop_body, extra, tap, identity,
-                              rounds, writes, out, finish if shared else None)
+                              rounds, writes, out, finish if shared else None, binding)
         else:
             work = forwarder.forward(
                 scope, send, "POST", fmt.subpath, out, extra=extra,
@@ -143,6 +148,7 @@ class Conversation:
                 on_status=writes.settle, before_end=before_end if shared else writes.drain,
                 buffer_unknown=True,
                 error_event=anthropic_error_event if fmt.name == "messages" else sse_error_event,
+                binding=binding,
             )
         disconnected = False
         try:
@@ -161,7 +167,7 @@ class Conversation:
 async def _via_reads(
     reader: ReadLoop, fmt: Format, svc: Services, scope: Scope, send: Send,
     body: dict[str, Any], extra: Headers, tap: Tap, identity: Identity, rounds: Rounds,
-    writes: Writes, raw: bytes, finish: Finish = None,
+    writes: Writes, raw: bytes, finish: Finish = None, binding: Binding | None = None,
 ) -> None:
     """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
     up, _ = svc.upstream_of(fmt.name)
@@ -171,11 +177,11 @@ async def _via_reads(
     if body.get("stream") is True:
         done = await reader.stream(send, body, url, headers, extra, identity, tap.stream,
                                    on_status=writes.settle, settled=writes.drain, raw=raw,
-                                   finish=finish)
+                                   finish=finish, binding=binding)
     else:
         done = await reader.non_stream(send, body, url, headers, extra, identity, tap.whole,
                                        on_status=writes.settle, settled=writes.drain, raw=raw,
-                                       finish=finish)
+                                       finish=finish, binding=binding)
     timing_of(scope).mark()
     rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
 

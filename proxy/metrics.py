@@ -63,6 +63,10 @@ class Metrics:
         self.auth_failures = Counter("ctxproxy_auth_failures",
                                      "Requests refused with 401 (missing or unknown key).",
                                      registry=r)
+        self.thinking_dropped = Counter("ctxproxy_thinking_dropped",
+                                        "Messages requests sent again with drop_block after "
+                                        "Anthropic's prefix check refused a thinking block.",
+                                        registry=r)
         self._live = _Live()
         r.register(self._live)
 

@@ -13,6 +13,7 @@
       memory                   long-term memory: facts, folds, the version a request carries
       pipeline                 the pure stages and their effects, per request
       readers                  the proxy's read tool and its loop, per wire format
+      thinking                 the sessions whose thinking blocks need drop_block (Messages)
       writes, usage            what a request may write; disk used per tenant
       background               work after the response, drained on shutdown (and by tests)
       gc                       expiry and disk measurement, at start-up and hourly
@@ -68,6 +69,7 @@ from .tokenizer_data import ensure_tiktoken_offline
 from .upstream.forward import Forwarder
 from .upstream.http import Upstream
 from .upstream.litellm_route import LitellmRouter
+from .upstream.thinking import ThinkingBindings
 from .writes import WritePolicy
 
 __all__ = ["Services", "files_url", "open_services"]
@@ -89,6 +91,12 @@ class _NoSessions:
         return []
 
     def session_stats(self, tenant: str, session: str) -> SessionRow | None:
+        return None
+
+    def thinking_dropped(self, tenant: str, session: str) -> bool:
+        return False
+
+    def mark_thinking_dropped(self, tenant: str, session: str) -> None:
         return None
 
 
@@ -128,6 +136,7 @@ class Services:
     memory: Memory | NullMemory
     pipeline: Pipeline
     readers: Mapping[str, ReadLoop]  # by format name; none when the read tool is off
+    thinking: ThinkingBindings
     writes: WritePolicy
     usage: DiskUsage
     background: Background
@@ -301,7 +310,8 @@ async def open_services(
         anthropic_forwarder=Forwarder(anthropic), router=router, store=store,
         originals=originals, files=store.files, archive=archive, summaries=summaries,
         sessions=sessions, compactor=compactor, memory=memory, pipeline=pipeline,
-        readers=readers, writes=writes, usage=usage, background=background,
+        readers=readers, thinking=ThinkingBindings(store.sessions, metrics, background),
+        writes=writes, usage=usage, background=background,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
     )
     services.gc.start(services.collect_garbage)

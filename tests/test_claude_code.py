@@ -1,16 +1,29 @@
 """Claude Code 2.x, headless, through the proxy: a multi-turn agent session whose ``Read``
-results age and get compacted, with every forwarded request still one the provider accepts."""
+results age and get compacted, with every forwarded request still one the provider accepts;
+and the same on a model with preserved thinking, in front of the fake that enforces Anthropic's
+prefix check (how many forwarded requests it refuses)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from proxy.compaction.message import SUMMARY_HEADING
 from proxy.pipeline.notice import parse_notice
-from proxy.testing.claude_code import FINAL, MODEL, claude_binary, markers, run_session
+from proxy.testing.claude_code import (
+    FINAL,
+    MODEL,
+    PRESERVED_THINKING_MODEL,
+    Session,
+    claude_binary,
+    markers,
+    run_prefix_checked_session,
+    run_session,
+)
 from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.servers import serve_in_thread
 
 from .conftest import proxy_config
 from .test_messages import check_pairs
@@ -54,3 +67,94 @@ def test_a_claude_code_session_ages_and_compacts(
     # Once compacted, the forwarded session stays near its budget while the client's grows.
     last = session.turns[-1]
     assert int(last["x-ctxproxy-tokens-out"]) < int(last["x-ctxproxy-tokens-in"]) // 2
+
+
+# --- preserved thinking: the prefix-checking fake (proxy/testing/prefix_check.py) -----------
+
+
+@pytest.fixture(scope="module")
+def nine_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+    """Claude Code on a model with preserved thinking reading nine 1,200-line files (~88 KB
+    each: stage 1 cuts every one) through a default proxy with a 120k window (it compacts
+    from the fourth turn), in front of a fake that refuses a thinking block whose prefix
+    changed. Its own fake: the two tests below read one session."""
+    assert BINARY is not None
+    fake = FakeUpstream(prefix_check=True)
+    with serve_in_thread(fake) as upstream:
+        config = proxy_config(upstream.url + "/v1", tmp_path_factory.mktemp("cc") / "data",
+                              {"compaction": {"context_windows": {PRESERVED_THINKING_MODEL:
+                                                                  120_000}}})
+        yield run_prefix_checked_session(BINARY, config, fake, upstream.url)
+
+
+def thinking_sent_back(session: Session) -> int:
+    """How many forwarded requests carry a thinking block back (so the check had work)."""
+    return sum(any(b.get("type") == "thinking" for m in body["messages"]
+                   if m["role"] == "assistant" for b in m["content"])
+               for body in session.forwarded)
+
+
+@pytest.mark.skipif(BINARY is None, reason="Claude Code is not installed (npm ci installs it)")
+def test_the_nine_file_session_cuts_compacts_and_finishes(nine_files: Session) -> None:
+    """What the refusal count below is measured on: every Read cut at stage 1, compaction, a
+    thinking block in every answer sent back, and the session finishing."""
+    session = nine_files
+    assert session.returncode == 0, session.stderr[-2000:]
+    assert FINAL in session.stdout
+    assert len(session.forwarded) >= 10  # nine reads and the answer (and any retries)
+    offloaded = [int(t["x-ctxproxy-offloaded"]) for t in session.turns]
+    assert offloaded[1] == 1 and max(offloaded) == 9  # each Read cut as it arrives
+    assert any(t.get("x-ctxproxy-compacted") == "1" for t in session.turns)
+    # Thinking goes back within each epoch; a compaction (every other turn here: Claude Code's
+    # ~30k of system and tools in a 120k window) drops the kept turns' thinking.
+    assert thinking_sent_back(session) >= 3
+    for body in session.forwarded:
+        assert body["model"] == PRESERVED_THINKING_MODEL
+
+
+@pytest.mark.skipif(BINARY is None, reason="Claude Code is not installed (npm ci installs it)")
+def test_preserved_thinking_nine_files_no_request_is_refused(nine_files: Session) -> None:
+    """The provider never refuses a forwarded request for a thinking block whose prefix the
+    proxy changed (Claude Code would retry it without thinking: one more request each)."""
+    session = nine_files
+    assert session.returncode == 0 and FINAL in session.stdout
+    refused = [f"forwarded[{i}] ({change} changed): {message}" for (i, message), (_, change)
+               in zip(session.refused, session.refused_changes, strict=True)]
+    assert refused == [], f"{len(refused)} of {len(session.forwarded)} main requests refused"
+    assert session.refused_other == []
+    assert len(session.forwarded) == 10  # no retries
+
+
+@pytest.mark.skipif(BINARY is None, reason="Claude Code is not installed (npm ci installs it)")
+def test_claude_code_alone_is_never_refused(fake: FakeUpstream, fake_url: str) -> None:
+    """The control: Claude Code talking to the prefix-checking fake itself is append-only (as
+    the docs say), so a refusal above is the proxy's doing."""
+    assert BINARY is not None
+    session = run_prefix_checked_session(BINARY, None, fake, fake_url.removesuffix("/v1"),
+                                         reads=4, lines=300)
+    assert session.returncode == 0, session.stderr[-2000:]
+    assert FINAL in session.stdout
+    assert session.refused == [] and session.refused_other == []
+    assert len(session.forwarded) == 5 and thinking_sent_back(session) == 4
+
+
+@pytest.mark.skipif(BINARY is None, reason="Claude Code is not installed (npm ci installs it)")
+def test_preserved_thinking_without_compaction_stage_two_refuses_nothing(
+    tmp_path: Path,
+) -> None:
+    """Compaction off: stage 2's batched re-cuts are the only rewrites, each one an epoch of
+    its own (pipeline.epoch.ageing_epoch): the turns before it lose their thinking."""
+    assert BINARY is not None
+    fake = FakeUpstream(prefix_check=True)
+    with serve_in_thread(fake) as upstream:
+        config = proxy_config(upstream.url + "/v1", tmp_path / "data",
+                              {"compaction": {"enabled": False},
+                               "offload": {"age_batch_bytes": 65536}})
+        session = run_prefix_checked_session(BINARY, config, fake, upstream.url)
+    assert session.returncode == 0 and FINAL in session.stdout
+    results = [b["content"] for body in session.forwarded for m in body["messages"]
+               if m["role"] == "user" and isinstance(m["content"], list) for b in m["content"]
+               if b.get("type") == "tool_result" and isinstance(b.get("content"), str)]
+    assert any(len(r) < 4000 for r in results)  # stage 2 did re-cut
+    assert session.refused == [] and session.refused_other == []
+    assert len(session.forwarded) == 10  # no retries

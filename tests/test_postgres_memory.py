@@ -201,7 +201,7 @@ def test_a_version_1_database_gains_memory(pg_url: str) -> None:
         assert upgrade(conn, target=1) == [1]
         conn.execute("INSERT INTO sessions (tenant, session, first_seen, last_seen) "
                      "VALUES ('t', 's', now(), now())")
-        assert upgrade(conn) == [2]
+        assert upgrade(conn, target=2) == [2]
         row = conn.execute("SELECT count(*) FROM sessions").fetchone()
         assert row is not None and row[0] == 1
     pool = PgPool(pg_url)

@@ -14,6 +14,11 @@ counts, :meth:`Planner.plan` says what the request needs:
 
 A cached summary is only ever created when a request crossed the threshold, so applying it is
 what that request did too: the same history forwards the same bytes.
+
+Provider-native compaction (:mod:`proxy.pipeline.native`): the head that is never compacted runs
+through the newest provider compaction item, the threshold counts from that item on, and a
+request in which the provider compacts gets no new summary and no last-resort cuts (a summary
+already in use is still applied: the provider compacts what the model has been seeing).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from dataclasses import dataclass
 from ..config import CompactionConfig
 from ..pipeline.count import RequestCounter
 from ..pipeline.model import Message, RequestView
-from ..pipeline.turns import leading_system_count, split, units
+from ..pipeline.native import head as native_head
+from ..pipeline.native import in_context, native
+from ..pipeline.turns import split, units
 from ..store.summaries import SummaryRecord
 from .message import summary_message
 from .windows import ContextWindows
@@ -68,11 +75,13 @@ class Decision:
     budget: Budget
     need: Plan | None = None  # a new summary is needed first
     prepare: Plan | None = None  # to compute in the background
+    provider_compacts: bool = False  # the provider compacts this request: ctxproxy stands down
 
     @property
     def over(self) -> bool:
-        """Over the threshold (with or without a plan that could help)."""
-        return self.tokens > self.budget.threshold
+        """Over the threshold (with or without a plan that could help), and ctxproxy's to act
+        on: not when the provider compacts (no summary, no last-resort cuts either)."""
+        return not self.provider_compacts and self.tokens > self.budget.threshold
 
 
 class Planner:
@@ -105,7 +114,7 @@ class Planner:
         """``summary`` if it replaces a prefix of this very history, else None."""
         if summary is None:
             return None
-        head = leading_system_count(messages)
+        head = native_head(messages)
         chains = request.chains
         if summary.upto <= len(messages) and summary.head == head and (
             chains[summary.upto - 1] == summary.chain
@@ -116,12 +125,13 @@ class Planner:
     def apply(self, messages: list[Message], summary: SummaryRecord | None) -> list[Message]:
         if summary is None:
             return messages
-        head = leading_system_count(messages)
+        head = native_head(messages)
         inserted = summary_message(summary.text, pointer=summary.pointer, tool_name=self.read_tool)
         return [*messages[:head], inserted, *messages[summary.upto :]]
 
     def count(self, messages: Sequence[Message], request: RequestView) -> int:
-        return self.counter.request(messages, request.model, request.tool_schemas)
+        """What the provider reads: from its newest compaction item on (and the system block)."""
+        return self.counter.request(in_context(messages), request.model, request.tool_schemas)
 
     def plan(
         self,
@@ -138,12 +148,18 @@ class Planner:
         asked only when a split is needed;
         ``prepared``: a plan prepared earlier from this very state, preferred to a new split."""
         budget = self.budget(request)
-        head = leading_system_count(messages)
+        head = native_head(messages)
+        if prepared is not None and prepared.head != head:
+            prepared = None  # prepared before a provider compaction item moved the head
         applied = self.apply(messages, summary)
         tokens = self.count(applied, request)
         def base() -> list[Message]:
             return split_from() if split_from is not None else messages
 
+        if native(request).compacts:
+            # The provider compacts this request (or at its own threshold): no second summary,
+            # and no harder cuts of what it is about to summarize.
+            return Decision(applied, tokens, summary, budget, provider_compacts=True)
         if tokens > budget.threshold:
             need = prepared or self.split(base(), request, summary, head, budget.keep)
             return Decision(applied, tokens, summary, budget, need=need)
@@ -179,7 +195,7 @@ class Planner:
         # evicted user messages reach the summary verbatim.
         found = split(
             view, lambda m: self.counter.message(m, request.model), keep,
-            prefer_user=False, over_budget_keep="unit",
+            prefer_user=False, over_budget_keep="unit", head=head,
         )
         if found is None:
             return None
@@ -190,7 +206,7 @@ class Planner:
 
     def _step(self, applied: Sequence[Message], request: RequestView) -> int:
         """Tokens of the largest of the newest few turns: what the next request may add."""
-        spans = units(applied, leading_system_count(applied))[-_STEP_UNITS:]
+        spans = units(applied, native_head(applied))[-_STEP_UNITS:]
         return max(
             (sum(self.counter.message(m, request.model) for m in applied[a:b]) for a, b in spans),
             default=0,

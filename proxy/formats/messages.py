@@ -7,7 +7,8 @@ Reading (one pass; each history message remembers the wire message and blocks it
 * an assistant message is one assistant message: its text blocks are the text, its ``tool_use``
   blocks the ``tool_calls`` (input as JSON arguments), its thinking text is counted
   (``reasoning_content``); ``thinking``, ``redacted_thinking``, server-tool and unknown blocks
-  ride along, so they are kept or dropped with their turn and never edited;
+  ride along, so they are kept or dropped with their turn and never edited; a message holding
+  a ``compaction`` block (the provider's compaction) is marked as such (:mod:`proxy.pipeline.native`);
 * a user message becomes one tool message per ``tool_result`` block (what offload and ageing
   cut; string content or text blocks, images inside pass), then one user message with the
   other blocks, if any (the API wants tool results first in their message);
@@ -19,11 +20,15 @@ client's bytes. A message that lost or changed a part is rebuilt from its blocks
 byte for byte, a cut ``tool_result`` with its new content (the block's other fields, such as
 ``cache_control``, kept), a placeholder result the validator added for an unanswered call. An
 assistant message is never rebuilt (thinking signatures are verified by the provider): it goes
-out as sent, or not at all. What the pipeline adds as a system message (a summary) becomes a
-text block after the client's ``system`` blocks (and ``system`` messages the client put before
-its first assistant turn, which a compaction evicted, are put back after the first kept one); a ``cache_control`` marker evicted with the
-turns it stood on moves to that block when the request has fewer than the provider's four, so
-the new prefix caches.
+out as sent, or without its ``thinking`` and ``redacted_thinking`` blocks (all of them, the other
+blocks byte for byte: a turn a compaction kept, :mod:`proxy.pipeline.epoch`), or not at all. What
+the pipeline adds as a system message (a summary, memory) becomes a ``role: "system"`` message in
+``messages`` where the pipeline put it, never an edit of the ``system`` field (every signed
+thinking block is bound to it, and it is the provider's first cache breakpoint); ``system``
+messages the client put before its first assistant turn, which a compaction evicted, are put
+back after it and the first kept message; a ``cache_control`` marker evicted with the turns it
+stood on moves to the first added message when the request has fewer than the provider's four,
+so the new prefix caches.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ import orjson
 
 from ..errors import BadRequest
 from ..pipeline.epoch import SIGNED, THINKING_DROPPED
-from ..pipeline.model import Message
+from ..pipeline.model import NATIVE, Message
+from ..pipeline.native import COMPACTION
 from . import Parsed, json
 from .body import check_objects, json_type, load_object, require_model
 from .messages_answer import MessagesTap
@@ -130,6 +136,8 @@ def _assistant(content: Any) -> Message:
         message["reasoning_content"] = "\n".join(thinking)
     if other:
         message["blocks"] = other
+        if any(isinstance(b, dict) and b.get("type") == COMPACTION for b in other):
+            message[NATIVE] = COMPACTION  # the provider's compaction (pipeline.native)
     return message
 
 

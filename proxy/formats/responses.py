@@ -12,7 +12,11 @@ items. Reading groups them (each history message stands for a contiguous run of 
   ``call_id``), and reasoning and everything else ride along, so they are kept or dropped
   together with their turn, never edited;
 * an output item (``function_call_output``, ``custom_tool_call_output``, ...) is one tool
-  message with its text: what offload and ageing cut.
+  message with its text: what offload and ageing cut;
+* a ``compaction`` item (the provider's opaque compaction, ``encrypted_content``) rides in its
+  assistant run like the others; that message is marked as holding one and counts the item's
+  estimate (:mod:`proxy.pipeline.native`: ctxproxy never compacts it or anything before it). A
+  ``compaction_trigger`` item (Codex asking the provider to compact) rides along the same way.
 
 Writing back copies every item behind an unchanged message from the client's bytes, rewrites
 only the output text of a cut result, and writes what the pipeline added: a summary (or memory)
@@ -29,7 +33,8 @@ from typing import Any, Final
 import orjson
 
 from ..errors import BadRequest
-from ..pipeline.model import Message
+from ..pipeline.model import NATIVE, OPAQUE_TOKENS, Message
+from ..pipeline.native import COMPACTION, opaque_tokens
 from . import Parsed, json
 from .body import check_objects, json_type, load_object, require_model
 from .responses_answer import ResponsesTap
@@ -159,6 +164,11 @@ class _Reader:
             call = _call(item)
             if call is not None:
                 message["tool_calls"].append(call)
+        elif kind == COMPACTION:
+            # The provider's compaction: opaque, it stands for everything before it (see
+            # pipeline.native); it rides with its turn like any other item, marked and counted.
+            message[NATIVE] = COMPACTION
+            message[OPAQUE_TOKENS] = message.get(OPAQUE_TOKENS, 0) + opaque_tokens(item)
 
 
 def _history(items: list[Any], instructions: Any) -> tuple[list[Message], list[range]]:

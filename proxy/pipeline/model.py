@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from ..writes import Writes
 
 __all__ = [
+    "NATIVE",
+    "OPAQUE_TOKENS",
     "FileWrite",
     "Message",
     "PipelineResult",
@@ -31,6 +33,12 @@ __all__ = [
 ]
 
 Message = dict[str, Any]
+
+# Keys a format reader sets on a message standing for provider-native state (proxy.pipeline.native):
+# NATIVE names it ("compaction": it holds a provider's compaction item); OPAQUE_TOKENS is what its
+# opaque content (encrypted, not in the message's text) counts as (proxy.pipeline.token_rules).
+NATIVE = "native"
+OPAQUE_TOKENS = "opaque_tokens"
 
 
 @dataclass(frozen=True, slots=True)

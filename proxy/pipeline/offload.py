@@ -2,7 +2,9 @@
 
 Stage 1 cuts a tool result over `recent_max_bytes + slack_bytes`, whose original is kept under
 `tool_result/<id>.txt`; stage 2 cuts results of aged tool-call turns (see `ageing`) down to
-`old_max_bytes`. Both cuts are computed from the original the client resends, so the forwarded
+`old_max_bytes` (not when the provider clears old tool results itself, an Anthropic
+`clear_tool_uses` edit, nor results before the provider's newest compaction item, which it no
+longer reads: :mod:`.native`). Both cuts are computed from the original the client resends, so the forwarded
 text depends only on the history and the config: the same history always forwards the same
 bytes. Results of the client's own read tools point back to that tool and the original path.
 
@@ -28,6 +30,7 @@ from ..store.paths import tool_result_file
 from ..store.tool_results import relative_path, result_id
 from . import ageing
 from .model import FileWrite, Message, RequestView, StageOutcome
+from .native import native, newest_compaction
 from .notice import parse_notice
 from .truncate import recut, truncate
 from .turns import RESULT_ROLES
@@ -95,6 +98,13 @@ def _first_line(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     return 1
+
+
+def _frozen(messages: list[Message]) -> int:
+    """Results before the provider's newest compaction item are out of its context: they keep
+    the stage-1 cut they had on arrival, never aged or cut harder (pipeline.native)."""
+    k = newest_compaction(messages)
+    return 0 if k is None else k
 
 
 def read_calls(
@@ -235,8 +245,9 @@ class Offloader:
         are over the threshold); a result not offloaded before needs its original kept."""
         out = list(messages)
         files: list[FileWrite] = []
+        frozen = _frozen(messages)
         for i, m in enumerate(messages):
-            if m.get("role") not in RESULT_ROLES:
+            if m.get("role") not in RESULT_ROLES or i < frozen:
                 continue
             text = _text_of(m.get("content"))
             if text is None or 4 * len(text) <= budget:
@@ -287,7 +298,9 @@ class Offloader:
 
         reads = read_calls(messages, self.config.read_tools)
         turn_of, turns = ageing.tool_turns(messages)
-        if aged_turns is None:
+        if native(request).clears_tool_results:
+            aged_upto = 0  # the provider clears old results itself: stage 2 stands down
+        elif aged_turns is None:
             per_turn = [0] * turns
             for i, text in texts.items():
                 if turns:
@@ -304,9 +317,10 @@ class Offloader:
         out = list(messages)
         files: list[FileWrite] = []
         offloaded = saved = 0
+        frozen = _frozen(messages)
         for i, text in texts.items():
             m = messages[i]
-            aged = turn_of.get(i, turns) < aged_upto
+            aged = turn_of.get(i, turns) < aged_upto and i >= frozen
             read = reads.get(m.get("tool_call_id", ""))
             budget = self._budget(not aged, read.markdown if read else False)
             if parse_notice(text) is not None:

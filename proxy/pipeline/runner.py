@@ -11,6 +11,8 @@ out through the services.
                         planned again
       prepare        -> compactor.prepare() (background)
       still over     -> Offloader.harder() on every kept result             pure -> originals
+    epoch            <- drop_thinking(): the kept turns produced before the epoch (the
+                        summary's request) lose their signed thinking blocks  pure
     memory           <- memory.message() (the version pinned for the session and the summary
                         in use), inserted after the leading system messages  pure
     validate, count                                                         pure
@@ -41,6 +43,7 @@ from .ageing import aged_at
 from .count import CountStage, RequestCounter
 from .epoch import ageing_epoch, drop_thinking
 from .model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
+from .native import head as native_head
 from .offload import Offloader
 from .turns import leading_system_count
 from .validate import ValidateStage
@@ -154,7 +157,8 @@ class Pipeline:
         if stats.pop("last_resort", 0):
             before = len(history)
         if before:
-            messages = drop_thinking(messages, history, before)
+            # Not the head: what precedes a provider compaction item keeps its prefix (native).
+            messages = drop_thinking(messages, history, before, native_head(history))
 
         memory = self.memory
         if memory is not None and memory.enabled and history and (

@@ -17,6 +17,7 @@ from .media import (
     image_dimensions_from_data_url,
     image_tokens,
 )
+from .model import OPAQUE_TOKENS
 
 O200K: Final = "o200k_base"
 CL100K: Final = "cl100k_base"
@@ -85,6 +86,8 @@ def _count_message(msg: Mapping[str, Any], count: TextCounter) -> int:
             total += _count_function_call(value, count)
         elif key == "tool_call_id":
             total += TOOL_RESULT_OVERHEAD
+        elif key == OPAQUE_TOKENS and isinstance(value, int):
+            total += value  # an opaque item's estimate, set by the format reader
         elif isinstance(value, str):
             # role, refusal, reasoning_content, ...: the cookbook counts every string field.
             total += count(value)

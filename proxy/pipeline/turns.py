@@ -17,7 +17,8 @@ Consequence used by :func:`split`: every ``assistant`` message starts a unit and
 message or at a whole assistant turn" is the same as "the kept suffix starts at a message whose
 role is ``user`` or ``assistant``". Those indices are the *boundaries*.
 
-Split rules, exactly (``head = leading_system_count(messages)``, ``n = len(messages)``):
+Split rules, exactly (``head = leading_system_count(messages)`` unless the caller gives a longer
+one, ``n = len(messages)``):
 
 1. ``count`` is called once per message in ``messages[head:]`` (never for the leading block) and
    must return a non-negative int.
@@ -113,10 +114,13 @@ def split(
     *,
     prefer_user: bool = True,
     over_budget_keep: Literal["turn", "unit"] = "turn",
+    head: int | None = None,
 ) -> Split | None:
-    """Choose the kept suffix; see the module docstring for the exact rules. O(n)."""
+    """Choose the kept suffix; see the module docstring for the exact rules. O(n).
+    ``head``: the untouchable head when it is longer than the leading system block (a
+    provider's compaction item, :func:`proxy.pipeline.native.head`); must end at a unit."""
     n = len(messages)
-    head = leading_system_count(messages)
+    head = leading_system_count(messages) if head is None else head
     if head >= n:
         return None
     counts: list[int] = []

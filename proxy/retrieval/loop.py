@@ -38,6 +38,7 @@ from ..session import Identity
 from ..upstream.http import Upstream, response_headers
 from ..upstream.relay import read_whole, redact_secret, sse_error_event
 from ..upstream.sse import SSEDecoder
+from ..upstream.thinking import Binding
 from .tool import ReadTool
 
 log = logging.getLogger("proxy.upstream")
@@ -223,10 +224,15 @@ class ReaderBase:
 
     async def _post(
         self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any] | bytes,
-        on_status: OnStatus,
+        on_status: OnStatus, binding: Binding | None = None,
     ) -> aiohttp.ClientResponse:
+        """One round's request; through ``binding`` (Messages), a prefix-check 400 is sent
+        again with drop_block (:mod:`proxy.upstream.thinking`)."""
         data = req if isinstance(req, bytes) else orjson.dumps(req)
-        resp = await self.upstream.send("POST", url, headers, data)
+        if binding is not None:
+            resp = await binding.send(self.upstream, "POST", url, headers, data)
+        else:
+            resp = await self.upstream.send("POST", url, headers, data)
         if on_status is not None:
             await on_status(resp.status)
         return resp
@@ -309,7 +315,7 @@ class Reader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         encoder = Encoder(body, raw, "messages")
@@ -349,7 +355,7 @@ class Reader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         # The upstream is asked for no usage the client did not ask for (stream_options stays
@@ -570,7 +576,8 @@ class ReadLoop(Protocol):
     """A read-tool loop for one wire format (this module's :class:`Reader` for chat
     completions, :class:`~proxy.retrieval.responses_loop.ResponsesReader`, ...). ``body`` is
     the request with the tool (:meth:`with_tool`); ``raw``, the bytes it was read from (without
-    the tool): every loop sends what it did not change byte for byte (:class:`Encoder`)."""
+    the tool): every loop sends what it did not change byte for byte (:class:`Encoder`);
+    ``binding``, the request's preserved-thinking state (Messages only; the others ignore it)."""
 
     def needed(self, messages: Sequence[Any]) -> bool: ...
 
@@ -580,12 +587,12 @@ class ReadLoop(Protocol):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds: ...
 
     async def stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds: ...

@@ -17,6 +17,10 @@ consecutive blocks; the ``message_start`` of later rounds and the ``message_delt
 ``message_stop`` of internal rounds are withheld, and after several rounds the final
 ``message_delta`` carries the usage summed over them (its ``stop_reason`` is ``end_turn`` when
 only the proxy's calls were dropped from it).
+
+Every round posts through the request's :class:`~proxy.upstream.thinking.Binding`: a round
+refused by Anthropic's prefix check is sent again with drop_block, and the later rounds keep it
+(``x-ctxproxy-thinking`` is on the answer when the recovery came before the response started).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from ..formats.messages_answer import MessagesAssembler
 from ..session import Identity
 from ..upstream.http import response_headers
 from ..upstream.relay import anthropic_error_event, read_whole
+from ..upstream.thinking import Binding
 from .loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut, frame
 
 __all__ = ["MessagesReader"]
@@ -83,14 +88,16 @@ class MessagesReader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         encoder = self._encoder(body, raw)
         req = encoder.request()
+        extra = [*extra]
         while True:
             last = state.rounds > self.max_rounds
-            resp = await self._post(url, headers, req, on_status)
+            resp = await self._post(url, headers, req, on_status, binding)
+            _mark(extra, binding)
             async with resp:
                 payload = await read_whole(resp)
                 out_headers = response_headers(resp)
@@ -127,18 +134,20 @@ class MessagesReader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         seen = [0]  # content blocks the client has seen, over all rounds
         encoder = self._encoder(body, raw)
         req = encoder.request()
+        extra = [*extra]  # StreamOut's: a recovery before the response starts is in its headers
         out = StreamOut(send, tap, extra, self._scrub)
         while True:
             last = state.rounds > self.max_rounds
             rnd = _Round(self._ours, seen, first=state.rounds == 0)
             try:
-                resp = await self._post(url, headers, req, on_status)
+                resp = await self._post(url, headers, req, on_status, binding)
+                _mark(extra, binding)
                 async with resp:
                     if not await out.relay(resp, rnd.feed):
                         return state
@@ -276,6 +285,15 @@ class _Round:
             out.append(frame(name or kind, json.splice(json.members(raw), replace)) if replace
                        else frame(name, raw))
         return out
+
+
+def _mark(extra: Headers, binding: Binding | None) -> None:
+    """Put what ``binding`` did in the rounds so far into ``extra`` (in place: the stream's
+    :class:`StreamOut` holds the same list), replacing what it said before."""
+    if binding is not None:
+        said = binding.headers()
+        if said and said[0] not in extra:
+            extra[:] = [h for h in extra if h[0] != said[0][0]] + said
 
 
 def _message(payload: bytes) -> dict[str, Any] | None:

@@ -36,6 +36,7 @@ from ..formats import json
 from ..session import Identity
 from ..upstream.http import response_headers
 from ..upstream.relay import read_whole
+from ..upstream.thinking import Binding
 from .loop import Encoder, Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut, frame
 
 __all__ = ["ResponsesReader"]
@@ -101,7 +102,7 @@ class ResponsesReader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         encoder = self._encoder(body, raw)
@@ -144,7 +145,7 @@ class ResponsesReader(ReaderBase):
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
         on_status: OnStatus = None, settled: Settled = None, finish: Finish = None,
-        raw: bytes | None = None,
+        raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
         view = _ClientView()

@@ -158,6 +158,11 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (tenant, scope, session, epoch)
         ) WITHOUT ROWID""",
     ),
+    (
+        # When a thinking block of the session was first refused by Anthropic's prefix check
+        # (NULL: never): its requests then go with drop_block (proxy.upstream.thinking).
+        "ALTER TABLE sessions ADD COLUMN thinking_dropped_at TEXT",
+    ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
@@ -429,6 +434,33 @@ class Database:
                 sql, (tenant, session, ts, ts, *(increments[n] for n in names))
             ).fetchone()
         return _session_row(row)
+
+    def thinking_dropped(self, tenant: str, session: str) -> bool:
+        """Whether the session's thinking blocks need drop_block (proxy.upstream.thinking)."""
+        with self.connect() as conn:
+            row = conn.execute(
+                "SELECT thinking_dropped_at FROM sessions WHERE tenant = ? AND session = ?",
+                (tenant, session),
+            ).fetchone()
+        return row is not None and row[0] is not None
+
+    def mark_thinking_dropped(
+        self, tenant: str, session: str, *, now: datetime | None = None
+    ) -> None:
+        """Remember that the session's thinking blocks need drop_block (the first time kept)."""
+        check_name(tenant, "tenant")
+        check_name(session, "session")
+        ts = format_ts(utc(now))
+        with self.transaction() as conn:
+            conn.execute(
+                """INSERT INTO sessions (tenant, session, first_seen, last_seen,
+                                         thinking_dropped_at)
+                   VALUES (?, ?, ?, ?, ?)
+                   ON CONFLICT (tenant, session) DO UPDATE SET
+                       thinking_dropped_at = coalesce(thinking_dropped_at,
+                                                      excluded.thinking_dropped_at)""",
+                (tenant, session, ts, ts, ts),
+            )
 
     def session_stats(self, tenant: str, session: str) -> SessionRow | None:
         with self.connect() as conn:

@@ -129,6 +129,9 @@ class RecordResult:
     answer_chain: str | None
     branched: bool  # the new messages do not continue the session's newest archived one
     bytes_written: int = 0  # appended to the archive file by this call
+    # Whether the session's thinking blocks need drop_block (proxy.upstream.thinking), read
+    # with the session row this call reads anyway; None when it did not read it.
+    thinking_dropped: bool | None = None
 
     @property
     def last_chain(self) -> str | None:
@@ -264,10 +267,12 @@ class DialogArchive:
             if not new:
                 return RecordResult(0, None, None, frozen_chains, answer_chain, False)
             row = conn.execute(
-                "SELECT last_chain FROM sessions WHERE tenant = ? AND session = ?",
+                "SELECT last_chain, thinking_dropped_at FROM sessions "
+                "WHERE tenant = ? AND session = ?",
                 (tenant, session),
             ).fetchone()
             last = row[0] if row is not None else None
+            dropped = row is not None and row[1] is not None
             branched = last is not None and new[0].parent != last
             lines = [line_of(it, session, ts) for it in new]
             first_line, appended = self._append(conn, tenant, session, rel, parts, lines)
@@ -303,6 +308,7 @@ class DialogArchive:
             answer_chain=answer_chain,
             branched=branched,
             bytes_written=appended,
+            thinking_dropped=dropped,
         )
 
     def _append(

@@ -3,7 +3,7 @@
     Originals     offloaded tool outputs (tool_result/<id>.txt)     store.tool_results
     DialogStore   the dialog archive and its index                   store.dialog
     Summaries     summary records (and their .md copies)             store.summaries
-    SessionIndex  per-session counters, for /files                   store.db
+    SessionIndex  per-session counters (/files), thinking flags       store.db
     MemoryStore   long-term memory: notes, versions, pins, fold lock  store.memory
     SessionFiles  a session's files as /files and the read tool see them   store.session_files
     SharedSummaries  Summaries many replicas write, with claims      store.postgres.summaries
@@ -97,7 +97,8 @@ class Summaries(Protocol):
 
 
 class SessionIndex(Protocol):
-    """Per-session counters."""
+    """Per-session counters, and the sessions whose thinking blocks need ``drop_block``
+    (:mod:`proxy.upstream.thinking`: set once, never cleared)."""
 
     def update_session_stats(
         self, tenant: str, session: str, *, now: datetime | None = None, **increments: int
@@ -106,6 +107,10 @@ class SessionIndex(Protocol):
     def sessions(self, tenant: str | None = None) -> list[SessionRow]: ...
 
     def session_stats(self, tenant: str, session: str) -> SessionRow | None: ...
+
+    def thinking_dropped(self, tenant: str, session: str) -> bool: ...
+
+    def mark_thinking_dropped(self, tenant: str, session: str) -> None: ...
 
 
 class MemoryStore(Protocol):

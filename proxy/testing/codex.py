@@ -2,19 +2,21 @@
 proxy: what the end-to-end test and ``bench/codex_session.py`` share.
 
 :class:`ShellScript` is the fake model (it asks Codex to run shell commands one after another,
-then answers), :class:`Recording` wraps the proxy's ASGI app to keep what Codex sent and what the
-proxy answered it, and :func:`run_codex` runs ``codex exec`` with its own ``CODEX_HOME``.
+then answers), :class:`RemoteCompaction` a fake provider compacting remotely in front of it,
+:class:`Recording` wraps the proxy's ASGI app to keep what Codex sent and what the proxy answered
+it, and :func:`run_codex` runs ``codex exec`` with its own ``CODEX_HOME``.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -22,7 +24,8 @@ from starlette.types import Message, Receive, Scope, Send
 from .fake_upstream import Reply
 from .servers import ASGIApp
 
-__all__ = ["Recording", "ShellScript", "Turn", "codex_binary", "run_codex", "write_codex_home"]
+__all__ = ["Recording", "RemoteCompaction", "ShellScript", "Turn", "codex_binary", "next_step",
+           "run_codex", "write_codex_home"]
 
 RESPONSES_PATH = "/v1/responses"
 
@@ -54,14 +57,67 @@ class ShellScript:
         if "input" not in body:
             self.summaries += 1
             return Reply(content=self.summary)
-        done = [i for i in body["input"]
-                if isinstance(i, dict) and i.get("type") == "function_call_output"]
-        step = int(str(done[-1]["call_id"]).rsplit("_", 1)[1]) + 1 if done else 0
+        step = next_step(body["input"])
         if step >= len(self.commands):
             return Reply(content=self.final, reasoning="every step ran")
         args = {"cmd": self.commands[step], "max_output_tokens": 100_000, "yield_time_ms": 10_000}
         return Reply(content=None, reasoning=f"step {step} next",
                      tool_calls=[{"name": "exec_command", "id": f"call_step_{step}", "arguments": args}])
+
+
+def next_step(items: Sequence[Any]) -> int:
+    """The step after the newest output (or the one a :class:`RemoteCompaction` item of the
+    fake provider recorded, when no output follows it: the compaction replaced them)."""
+    for item in reversed(items):
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call_output":
+            return int(str(item["call_id"]).rsplit("_", 1)[1]) + 1
+        if item.get("type") == "compaction":
+            return RemoteCompaction.step_of(str(item.get("encrypted_content", "")))
+    return 0
+
+
+@dataclass
+class RemoteCompaction:
+    """A provider that compacts remotely in front of ``script``: a request ending with Codex's
+    ``compaction_trigger`` item gets exactly one ``compaction`` output item, whose
+    ``encrypted_content`` is opaque (base64 of a record only this fake reads: which compaction,
+    and the step the script had reached, so the session goes on from there)."""
+
+    script: ShellScript
+    # The answers asking for these steps report a full context (``FULL`` input tokens), so that
+    # Codex compacts before the next request (its model_auto_compact_token_limit set below it).
+    full_at: Sequence[int] = ()
+    blobs: list[str] = field(default_factory=list)
+    triggers: int = 0
+
+    FULL: ClassVar[int] = 10_000_000
+    _MAGIC: ClassVar[bytes] = b"fake-compaction"
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        items = body.get("input")
+        if not isinstance(items, list):
+            return self.script(body)  # the proxy's summarizer
+        if items and isinstance(items[-1], dict) and items[-1].get("type") == "compaction_trigger":
+            self.triggers += 1
+            record = b"%s:%d:%d:" % (self._MAGIC, len(self.blobs), next_step(items))
+            blob = base64.b64encode(record + os.urandom(96)).decode()
+            self.blobs.append(blob)
+            return Reply(content=None, compaction=blob)
+        reply = self.script(body)
+        step = next_step(items)
+        if step in self.full_at and not any(self.step_of(b) > step for b in self.blobs):
+            reply.usage = {"input_tokens": self.FULL, "output_tokens": 10}
+        return reply
+
+    @classmethod
+    def step_of(cls, blob: str) -> int:
+        try:
+            magic, _, step, _ = base64.b64decode(blob).split(b":", 3)
+        except ValueError:
+            return 0
+        return int(step) if magic == cls._MAGIC else 0
 
 
 @dataclass
@@ -70,6 +126,7 @@ class Turn:
 
     body: dict[str, Any]
     headers: dict[str, str]
+    raw: bytes = b""  # the body as Codex sent it
 
     def tokens(self) -> tuple[int, int]:
         return int(self.headers["x-ctxproxy-tokens-in"]), int(self.headers["x-ctxproxy-tokens-out"])
@@ -105,20 +162,34 @@ class Recording:
             if message["type"] == "http.response.start":
                 headers = {k.decode(): v.decode() for k, v in message["headers"]
                            if k.startswith(b"x-ctxproxy-")}
-                self.turns.append(Turn(orjson.loads(b"".join(chunks)), headers))
+                raw = b"".join(chunks)
+                self.turns.append(Turn(orjson.loads(raw), headers, raw))
             await send(message)
 
         await self.app(scope, receiving, sending)
 
 
-def write_codex_home(home: Path, proxy_url: str, model: str, *, websockets: bool = True) -> None:
+def write_codex_home(
+    home: Path, proxy_url: str, model: str, *, websockets: bool = True,
+    remote_compaction_at: int | None = None,
+) -> None:
     """A ``config.toml`` with one provider: the proxy, Responses wire API. ``websockets`` makes
-    Codex try a WebSocket first, as it does against OpenAI itself."""
+    Codex try a WebSocket first, as it does against OpenAI itself. ``remote_compaction_at``:
+    Codex compacts once the provider's reported usage reaches that many tokens, remotely (its
+    remote compaction v2: a ``compaction_trigger`` item), which Codex 0.171.0 does only for a
+    provider named ``OpenAI`` (``ModelProviderInfo::supports_remote_compaction``; any other name
+    compacts locally, with a summarization prompt)."""
     home.mkdir(parents=True, exist_ok=True)
+    name = "proxy"
+    limit: list[str] = []
+    if remote_compaction_at is not None:
+        name = "OpenAI"
+        limit = [f"model_auto_compact_token_limit = {remote_compaction_at}"]
     lines = [
         f'model = "{model}"', 'model_provider = "proxy"', 'approval_policy = "never"',
-        'sandbox_mode = "danger-full-access"', "", "[model_providers.proxy]", 'name = "proxy"',
-        f'base_url = "{proxy_url}/v1"', 'wire_api = "responses"', 'env_key = "CTXPROXY_TEST_KEY"',
+        'sandbox_mode = "danger-full-access"', *limit, "", "[model_providers.proxy]",
+        f'name = "{name}"', f'base_url = "{proxy_url}/v1"', 'wire_api = "responses"',
+        'env_key = "CTXPROXY_TEST_KEY"',
     ]
     if websockets:
         lines.append("supports_websockets = true")

@@ -7,6 +7,10 @@ Shapes follow the anthropic SDK's models (``Message``, ``RawMessageStreamEvent``
 the SDK's typed exceptions all work against it.
 
 Block order is what Claude produces: thinking, text, then tool_use blocks.
+
+``input_transformations`` (what the prefix check dropped, :mod:`.prefix_check`) is a top-level
+key of the message when given: of the whole message, or of ``message_start``'s when streaming
+(where the API makes it final).
 """
 
 from __future__ import annotations
@@ -133,8 +137,9 @@ def _message(
     content: list[dict[str, Any]],
     stop_reason: str | None,
     usage: dict[str, Any],
+    input_transformations: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    return {
+    out = {
         "id": f"msg_fake_{seq}",
         "type": "message",
         "role": "assistant",
@@ -144,16 +149,35 @@ def _message(
         "stop_sequence": None,
         "usage": usage,
     }
+    if input_transformations is not None:
+        out["input_transformations"] = input_transformations
+    return out
 
 
-def message_body(rec: Received, req: dict[str, Any], reply: Reply, seq: int) -> dict[str, Any]:
+def message_body(
+    rec: Received,
+    req: dict[str, Any],
+    reply: Reply,
+    seq: int,
+    *,
+    input_transformations: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The ``message`` object answering ``req`` with ``reply`` (non-streaming)."""
     calls = tool_calls_of(reply)
     usage = message_usage(usage_of(rec, reply, calls))
-    return _message(req, reply, seq, _blocks(reply, seq, calls), _stop_reason(reply, calls), usage)
+    blocks = _blocks(reply, seq, calls)
+    stop = _stop_reason(reply, calls)
+    return _message(req, reply, seq, blocks, stop, usage, input_transformations)
 
 
-def message_events(rec: Received, req: dict[str, Any], reply: Reply, seq: int) -> list[bytes]:
+def message_events(
+    rec: Received,
+    req: dict[str, Any],
+    reply: Reply,
+    seq: int,
+    *,
+    input_transformations: list[dict[str, Any]] | None = None,
+) -> list[bytes]:
     """The SSE events streaming ``reply``: ``message_start`` (empty content), per block
     ``content_block_start`` / ``content_block_delta``... / ``content_block_stop``, then
     ``message_delta`` (stop reason, output tokens) and ``message_stop``. A ``ping`` follows
@@ -168,7 +192,9 @@ def message_events(rec: Received, req: dict[str, Any], reply: Reply, seq: int) -
             "message_start",
             {
                 "type": "message_start",
-                "message": _message(req, reply, seq, [], None, start_usage),
+                "message": _message(
+                    req, reply, seq, [], None, start_usage, input_transformations
+                ),
             },
         )
     ]

@@ -139,6 +139,9 @@ class Reply:
     "max_tokens" / "refusal" (any other Anthropic stop_reason passes verbatim).
     ``stream_pieces``: content, reasoning and each tool call's arguments are split into at
     most this many deltas. ``model``: overrides the echoed request model.
+    ``compaction``: the ``encrypted_content`` of a Responses ``compaction`` output item (the
+    provider's remote compaction, what Codex asks for with a ``compaction_trigger`` item), sent
+    first; chat and Messages ignore it.
     """
 
     content: str | None = "ok"
@@ -156,6 +159,7 @@ class Reply:
     reasoning: str | None = None
     reasoning_signature: str | None = None
     error_detail: ErrorDetail | None = None
+    compaction: str | None = None
 
     @classmethod
     def error(

@@ -83,6 +83,9 @@ def _items(
 ) -> list[dict[str, Any]]:
     """The output items as they stand when done."""
     items: list[dict[str, Any]] = []
+    if reply.compaction is not None:
+        items.append({"id": f"cmp_fake_{seq}", "type": "compaction",
+                      "encrypted_content": reply.compaction})
     if reply.reasoning is not None:
         item: dict[str, Any] = {
             "id": f"rs_fake_{seq}",
@@ -232,6 +235,9 @@ def response_events(rec: Received, req: dict[str, Any], reply: Reply, seq: int) 
                     summary_index=si,
                     part={"type": "summary_text", "text": text},
                 )
+        elif kind == "compaction":
+            # Opaque: announced and finished whole, as the API streams it.
+            emit("response.output_item.added", output_index=idx, item=done)
         elif kind == "message":
             text = done["content"][0]["text"]
             emit(

@@ -13,6 +13,15 @@ Standalone (benchmarks in another process)::
 
     python -m proxy.testing.fake_upstream --port 0   # prints "READY http://127.0.0.1:PORT"
 
+Preserved thinking: ``FakeUpstream(prefix_check=True)`` (or the attribute) checks the thinking
+blocks of every Messages request as the newer Claude models do (:mod:`.prefix_check`): a block
+whose prefix changed since the fake signed it, or whose signature it never issued, gets
+Anthropic's 400 (before any SSE event on a streaming request), counted in ``refused``; with the
+``thinking-binding-controls-2026-08-01`` beta and ``"drop_block"`` as
+``thinking.block_binding.prefix_mismatch_behavior`` the blocks are dropped instead
+(``dropped``) and the answer lists them in ``input_transformations``. Its answers' thinking blocks carry signatures
+bound to the request as received.
+
 Threading: the app runs on the server's loop/thread while tests read ``received`` etc.
 from theirs; only appends/atomic deque ops cross threads, so no locks are needed.
 Serve one FakeUpstream from one server (loop) at a time.
@@ -26,6 +35,8 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -42,7 +53,13 @@ from .fake_asgi import (
     until_disconnect,
 )
 from .fake_asgi import Message as Message
-from .fake_messages import MESSAGES, count_tokens_body, messages_error_body
+from .fake_messages import (
+    MESSAGES,
+    count_tokens_body,
+    message_body,
+    message_events,
+    messages_error_body,
+)
 from .fake_replies import CREATED as CREATED
 from .fake_replies import (
     JSON_CT,
@@ -58,6 +75,13 @@ from .fake_replies import (
 )
 from .fake_responses import RESPONSES
 from .fake_wire import CHAT, WireFormat, whole_body
+from .prefix_check import (
+    HEADER_REQUIRED_MESSAGE,
+    Binder,
+    Failure,
+    beta_enabled,
+    block_binding_of,
+)
 
 __all__ = [
     "CHAT_PATHS",
@@ -65,6 +89,7 @@ __all__ = [
     "MESSAGES_PATHS",
     "RESPONSES_PATHS",
     "FakeUpstream",
+    "PrefixVerdict",
     "Received",
     "Reply",
     "error_body",
@@ -85,6 +110,18 @@ _MODEL_ROUTES: dict[str, WireFormat] = {
     **dict.fromkeys(RESPONSES_PATHS, RESPONSES),
     **dict.fromkeys(MESSAGES_PATHS, MESSAGES),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixVerdict:
+    """A Messages request the prefix check refused (``message``: the 400's) or dropped blocks
+    of (``message`` empty); ``failures``: the failing thinking blocks, first one first."""
+
+    received: Received
+    message: str
+    failures: tuple[Failure, ...]
+    #: a dropped request as the model was shown it: without the failing blocks
+    shown: dict[str, Any] | None = None
 
 
 class FakeUpstream:
@@ -111,11 +148,21 @@ class FakeUpstream:
         models: Sequence[str] = ("fake-model",),
         embedding_dim: int = 8,
         record: bool = True,
+        prefix_check: bool = False,
     ) -> None:
         self._initial = (
             dataclasses.replace(default) if default is not None else Reply(),
             responder,
+            prefix_check,
         )
+        #: check thinking blocks' prefixes on Messages requests (see the module docstring)
+        self.prefix_check = prefix_check
+        #: the signatures the prefix check issued, and the checker
+        self.binder = Binder()
+        #: Messages requests the prefix check answered 400 (always recorded)
+        self.refused: list[PrefixVerdict] = []
+        #: Messages requests whose failing blocks were dropped (``drop_block``)
+        self.dropped: list[PrefixVerdict] = []
         self.default: Reply = default if default is not None else Reply()
         self.responder: Responder | None = responder
         self.embedding_dim = embedding_dim
@@ -162,10 +209,14 @@ class FakeUpstream:
         self._queue.clear()
         for lst in (self.received, self.completed, self.cancelled, self.aborted):
             lst.clear()
+        self.refused.clear()
+        self.dropped.clear()
+        self.binder.clear()
         self.request_count = self.completed_count = self.cancelled_count = 0
         self.aborted_count = self._seq = 0
         self.default = dataclasses.replace(self._initial[0])
         self.responder = self._initial[1]
+        self.prefix_check = self._initial[2]
 
     def wait_for(
         self,
@@ -306,7 +357,33 @@ class FakeUpstream:
             await send_bytes(send, 400, body, (JSON_CT,))
             self._done(rec)
             return
+        if fmt is MESSAGES and self.prefix_check:
+            verdict = self._check_prefix(rec, req)
+            if isinstance(verdict, str):
+                # Decided before any output, as the API does: no reply is consumed.
+                self._seq += 1
+                body = fmt.error(400, ErrorDetail(verdict, "invalid_request_error"), self._seq)
+                rid = (fmt.request_id_header, b"req_fake_%d" % self._seq)
+                await send_bytes(send, 400, body, (JSON_CT, rid))
+                self._done(rec)
+                return
+            if verdict is not None:
+                fmt = dataclasses.replace(
+                    fmt,
+                    body=partial(message_body, input_transformations=verdict),
+                    events=partial(message_events, input_transformations=verdict),
+                )
         reply = self._next_reply(req)
+        if (
+            fmt.name == MESSAGES.name
+            and self.prefix_check
+            and reply.reasoning is not None
+            and reply.reasoning_signature is None
+        ):
+            # Bound to the request as it arrived (dropped blocks included): what the
+            # model answered after. Thinking is an answer's first block.
+            signature = self.binder.sign(req, reply.reasoning)
+            reply = dataclasses.replace(reply, reasoning_signature=signature)
         rec.reply = reply
         self._seq += 1
         seq = self._seq
@@ -343,6 +420,42 @@ class FakeUpstream:
         finally:
             if watcher is not None:
                 watcher.cancel()
+
+    def _check_prefix(self, rec: Received, req: dict[str, Any]) -> str | list[Any] | None:
+        """The prefix check of one Messages request: the 400's message (str), or the
+        ``input_transformations`` to report (the beta is on), or None (nothing to report)."""
+        beta = beta_enabled(rec.headers)
+        binding = block_binding_of(req)
+        if not beta and binding is not None:  # a null block_binding means the defaults
+            self.refused.append(PrefixVerdict(rec, HEADER_REQUIRED_MESSAGE, ()))
+            return HEADER_REQUIRED_MESSAGE
+        behavior = (binding or {}).get("prefix_mismatch_behavior") or "error"
+        if behavior not in ("error", "drop_block"):
+            message = (
+                "thinking.block_binding.prefix_mismatch_behavior: Input should be 'error' or "
+                "'drop_block'"
+            )
+            self.refused.append(PrefixVerdict(rec, message, ()))
+            return message
+        failures = self.binder.check(req)
+        if failures and behavior == "error":
+            self.refused.append(PrefixVerdict(rec, failures[0].message, tuple(failures)))
+            return failures[0].message
+        transformations: list[Any] = []
+        if failures:
+            # The fake's answer does not depend on what the model is shown; it is kept for
+            # assertions, and the answer is bound to the request as received all the same.
+            shown, transformations = self.binder.drop(req, failures)
+            self.dropped.append(PrefixVerdict(rec, "", tuple(failures), shown))
+        return transformations if beta else None
+
+    @property
+    def refused_count(self) -> int:
+        return len(self.refused)
+
+    @property
+    def dropped_count(self) -> int:
+        return len(self.dropped)
 
     async def _send_once(
         self,
@@ -412,6 +525,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--chunk-delay", type=float, default=0.0, help="default chunk_delay_s")
     p.add_argument("--stream-pieces", type=int, default=4)
     p.add_argument("--record", action="store_true", help="keep request records (grows memory)")
+    p.add_argument(
+        "--prefix-check", action="store_true", help="refuse thinking blocks whose prefix changed"
+    )
     p.add_argument("--loop", default="auto", help="uvicorn loop: auto|uvloop|asyncio")
     p.add_argument("--http", default="auto", help="uvicorn http: auto|httptools|h11")
     args = p.parse_args(argv)
@@ -422,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         chunk_delay_s=args.chunk_delay,
         stream_pieces=args.stream_pieces,
     )
-    fake = FakeUpstream(default=default, record=args.record)
+    fake = FakeUpstream(default=default, record=args.record, prefix_check=args.prefix_check)
     sock = bind_socket(args.host, args.port)
     config = uvicorn.Config(
         fake, log_level="warning", access_log=False, lifespan="on", loop=args.loop, http=args.http

@@ -27,6 +27,7 @@ from .fake_replies import (
 
 __all__ = [
     "CHAT",
+    "bound_reasoning_token",
     "whole_body",
     "ToolCall",
     "Usage",
@@ -211,6 +212,9 @@ def usage_of(rec: Received, reply: Reply, calls: list[ToolCall]) -> Usage:
 # --- reasoning ---------------------------------------------------------------------------
 
 _TOKEN_MAGIC = b"fake-reasoning:"
+# A signature bound to a prefix (:mod:`.prefix_check`): the magic, the prefix's SHA-256, the text.
+_BOUND_MAGIC = b"fake-bound-reasoning:"
+_DIGEST_SIZE = 32
 
 
 def reasoning_token(reply: Reply) -> str:
@@ -222,15 +226,28 @@ def reasoning_token(reply: Reply) -> str:
     return base64.b64encode(_TOKEN_MAGIC + (reply.reasoning or "").encode()).decode()
 
 
+def bound_reasoning_token(digest: bytes, reasoning: str) -> str:
+    """A signature bound to the prefix whose SHA-256 is ``digest`` (what the prefix-checking
+    fake issues), still decodable by :func:`reasoning_of_token`."""
+    if len(digest) != _DIGEST_SIZE:
+        raise ValueError(f"digest must be {_DIGEST_SIZE} bytes")
+    return base64.b64encode(_BOUND_MAGIC + digest + reasoning.encode()).decode()
+
+
 def reasoning_of_token(token: str) -> str | None:
-    """The reasoning a :func:`reasoning_token` stands for; None if it is not one."""
+    """The reasoning a :func:`reasoning_token` (or :func:`bound_reasoning_token`) stands for;
+    None if it is not one."""
     try:
         raw = base64.b64decode(token, validate=True)
     except ValueError:  # binascii.Error is a ValueError
         return None
-    if not raw.startswith(_TOKEN_MAGIC):
+    if raw.startswith(_BOUND_MAGIC) and len(raw) >= len(_BOUND_MAGIC) + _DIGEST_SIZE:
+        text = raw[len(_BOUND_MAGIC) + _DIGEST_SIZE :]
+    elif raw.startswith(_TOKEN_MAGIC):
+        text = raw[len(_TOKEN_MAGIC) :]
+    else:
         return None
     try:
-        return raw[len(_TOKEN_MAGIC) :].decode()
+        return text.decode()
     except UnicodeDecodeError:
         return None

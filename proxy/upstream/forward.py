@@ -9,6 +9,7 @@ from starlette.types import Scope, Send
 from ..asgi import timing_of
 from .http import Upstream, response_headers
 from .relay import relay_buffered, relay_stream, sse_error_event
+from .thinking import Binding
 
 __all__ = ["Forwarder"]
 
@@ -37,6 +38,7 @@ class Forwarder:
         before_end: Callable[[], Awaitable[None]] | None = None,
         buffer_unknown: bool,
         error_event: Callable[[str, str], bytes] = sse_error_event,
+        binding: Binding | None = None,
     ) -> None:
         """Send the request upstream as bytes and relay the answer as bytes.
 
@@ -47,20 +49,25 @@ class Forwarder:
         :mod:`proxy.writes`). A stream that breaks ends with ``error_event`` (the wire
         format's own error event). An error body is the provider's and passes through, but the
         proxy's own `upstream.api_key`, should the provider echo it, is redacted: the client
-        never had it.
+        never had it. ``binding`` (Messages): a prefix-check 400 is sent again with drop_block,
+        before anything reached the client (:mod:`proxy.upstream.thinking`).
         """
         up = self.upstream
         timing = timing_of(scope)
         timing.restart()
-        resp = await up.send(
-            method, up.url(subpath, scope.get("query_string", b"")),
-            up.request_headers(scope["headers"]), body,
-        )
+        url = up.url(subpath, scope.get("query_string", b""))
+        request_headers = up.request_headers(scope["headers"])
+        if binding is None:
+            resp = await up.send(method, url, request_headers, body)
+        else:
+            resp = await binding.send(up, method, url, request_headers, body)
         timing.mark()
         async with resp:
             if on_status is not None:
                 await on_status(resp.status)
             headers = [*response_headers(resp), *extra]
+            if binding is not None:
+                headers += binding.headers()
             ok = resp.status == 200
             failed = resp.status >= 400
             length = resp.content_length

@@ -107,7 +107,7 @@ def _copy_rows(db: Database, pool: PgPool, report: CopyReport) -> None:
                                "line, ts FROM messages").fetchall()
         sessions = src.execute("SELECT tenant, session, turns, tokens_in, tokens_out, "
                                "compactions, offloads, messages, first_seen, last_seen, "
-                               "last_chain FROM sessions").fetchall()
+                               "last_chain, thinking_dropped_at FROM sessions").fetchall()
     summaries = [rec for t, s in {(r[0], r[1]) for r in sessions}
                  for rec in SummaryStore(db).history(t, s)]
     with pool.connection() as conn, conn.transaction():
@@ -120,9 +120,12 @@ def _copy_rows(db: Database, pool: PgPool, report: CopyReport) -> None:
         for s in sessions:
             report.sessions += conn.execute(
                 """INSERT INTO sessions (tenant, session, turns, tokens_in, tokens_out,
-                       compactions, offloads, messages, first_seen, last_seen, last_chain)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
-                (*tuple(s)[:8], parse_ts(s[8]), parse_ts(s[9]), s[10])).rowcount
+                       compactions, offloads, messages, first_seen, last_seen, last_chain,
+                       thinking_dropped_at)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                   ON CONFLICT DO NOTHING""",
+                (*tuple(s)[:8], parse_ts(s[8]), parse_ts(s[9]), s[10],
+                 parse_ts(s[11]) if s[11] is not None else None)).rowcount
         for rec in summaries:
             report.summaries += conn.execute(
                 f"INSERT INTO summaries ({_SUMMARY_COLUMNS}) VALUES ({_SUMMARY_MARKS}) "

@@ -70,9 +70,10 @@ class PgDialog:
             new = [it for it in items if it.chain not in known]
             if not new:
                 return RecordResult(0, None, None, frozen, answer_chain, False)
-            row = conn.execute("SELECT last_chain FROM sessions WHERE tenant = %s AND "
-                               "session = %s", (tenant, session)).fetchone()
+            row = conn.execute("SELECT last_chain, thinking_dropped_at IS NOT NULL FROM sessions "
+                               "WHERE tenant = %s AND session = %s", (tenant, session)).fetchone()
             last = row[0] if row is not None else None
+            dropped = row is not None and bool(row[1])
             branched = last is not None and new[0].parent != last
             bodies = [line_of(it, session, ts) for it in new]
             row = conn.execute("SELECT lines FROM dialog_files WHERE tenant = %s AND "
@@ -119,7 +120,8 @@ class PgDialog:
             log.info("session %s/%s: history branched at position %d", tenant, session, new[0].pos)
         return RecordResult(written=len(new), first=LineRef(rel, first),
                             last=LineRef(rel, numbers[-1]), chains=frozen,
-                            answer_chain=answer_chain, branched=branched, bytes_written=written)
+                            answer_chain=answer_chain, branched=branched, bytes_written=written,
+                            thinking_dropped=dropped)
 
     def span(self, tenant: str, session: str, chains: Sequence[str], *,
              exact: bool = False) -> list[FileSpan]:

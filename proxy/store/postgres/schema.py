@@ -24,6 +24,9 @@ Tables, one per kind (the module that owns it in brackets; the version that adde
   memory_days      daily notes memory/YYYY-MM-DD.md, appended in place          [memory]
   memory_versions  folded MEMORY.md versions, immutable, numbers never reused    [memory]
   memory_pins      the version a session uses per epoch, first writer wins      [memory]
+  -- version 3
+  sessions.thinking_dropped_at  when Anthropic's prefix check first refused a thinking block
+                   of the session (its requests then go with drop_block)        [sessions]
 """
 
 from __future__ import annotations
@@ -173,6 +176,9 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (tenant, scope, session, epoch)
         )""",
         "CREATE INDEX memory_pins_by_time ON memory_pins (created_at)",
+    ),
+    (  # 3: the sessions whose thinking blocks need drop_block (proxy.upstream.thinking)
+        "ALTER TABLE sessions ADD COLUMN thinking_dropped_at TIMESTAMPTZ",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from ..db import SessionRow, check_counters, utc
+from ..paths import check_name
 from .pool import PgPool
 
 __all__ = ["PgSessions"]
@@ -53,6 +54,29 @@ class PgSessions:
             row = conn.execute(f"SELECT {_COLUMNS} FROM sessions WHERE tenant = %s AND "
                                "session = %s", (tenant, session)).fetchone()
         return None if row is None else _row(row)
+
+    def thinking_dropped(self, tenant: str, session: str) -> bool:
+        with self.pool.connection() as conn:
+            row = conn.execute("SELECT thinking_dropped_at IS NOT NULL FROM sessions "
+                               "WHERE tenant = %s AND session = %s", (tenant, session)).fetchone()
+        return row is not None and bool(row[0])
+
+    def mark_thinking_dropped(
+        self, tenant: str, session: str, *, now: datetime | None = None
+    ) -> None:
+        """Set once: the first time stays (concurrent replicas agree by coalesce)."""
+        check_name(tenant, "tenant")
+        check_name(session, "session")
+        moment = utc(now)
+        with self.pool.connection() as conn:
+            conn.execute(
+                """INSERT INTO sessions (tenant, session, first_seen, last_seen,
+                                         thinking_dropped_at)
+                   VALUES (%s, %s, %s, %s, %s)
+                   ON CONFLICT (tenant, session) DO UPDATE SET thinking_dropped_at =
+                       coalesce(sessions.thinking_dropped_at, excluded.thinking_dropped_at)""",
+                (tenant, session, moment, moment, moment),
+            )
 
     def sessions(self, tenant: str | None = None) -> list[SessionRow]:
         with self.pool.connection() as conn:

@@ -1,0 +1,228 @@
+"""Preserved thinking through the whole proxy: an Anthropic agent loop on a model that binds
+every signed thinking block to its prefix, in front of the fake that enforces the check as the
+API does (proxy.testing.prefix_check). The client sends every answer back exactly as it got it,
+thinking included, as Claude Code and the SDKs do; ctxproxy offloads, ages, compacts, injects
+memory and runs its read tool in between. Not one request may be refused.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.app import create_app
+from proxy.compaction.message import SUMMARY_HEADING
+from proxy.memory.inject import MEMORY_HEADING
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.servers import ServerThread, serve_in_thread
+from tests.pg import pg_url, postgres
+
+from .conftest import proxy_config
+
+__all__ = ["pg_url", "postgres"]  # fixtures
+
+MODEL = "claude-opus-5-5"
+SIZES = {"small": 400, "medium": 8_000, "large": 24_000, "huge": 80_000}
+SUMMARY = """## Goal
+Run every step and keep the totals right.
+## Constraints & Preferences
+- never touch migrations/
+## Progress
+### Done
+- the first steps
+### In Progress
+- the next step
+### Blocked
+- nothing
+## Key Decisions
+- one step at a time
+## Next Steps
+- the remaining steps
+## Critical Context
+- outputs repeat per step
+"""
+FACTS = """## Durable Facts
+- Preference: "never touch migrations/"
+"""
+TOOLS = [{"name": "Bash", "description": "Run a command.",
+          "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
+
+
+def is_fold(body: dict[str, Any]) -> bool:
+    return not body.get("tools") and "You maintain MEMORY.md" in str(body)
+
+
+def is_summarizer(body: dict[str, Any]) -> bool:
+    first = (body.get("messages") or [{}])[0]
+    return not body.get("tools") and not is_fold(body) and "summar" in (
+        str(body.get("system", "")) + str(first.get("content", ""))).lower()
+
+
+class Model:
+    """The fake's responder: a thinking model that runs Bash once per turn, reads an offloaded
+    output with the proxy's tool when ``reads`` says so, summarizes and folds."""
+
+    def __init__(self, fake: FakeUpstream, *, reads: bool = False) -> None:
+        self.reads = reads
+        self.summaries = 0
+        self.folds = 0
+        self.read_calls = 0
+        fake.responder = self
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        if is_fold(body):
+            self.folds += 1
+            return Reply(content='## Preferences & Standing Instructions\n- "never touch '
+                                 'migrations/"\n')
+        if is_summarizer(body):
+            self.summaries += 1
+            return Reply(content=SUMMARY + FACTS)
+        messages = body["messages"]
+        n = len(messages)
+        last = messages[-1]["content"]
+        notice = next((b for b in last if isinstance(b, dict) and b.get("type") == "tool_result"
+                       and "read_offloaded" in str(b.get("content"))), None) if isinstance(
+            last, list) else None
+        if self.reads and notice is not None and n % 3 == 0:
+            self.read_calls += 1
+            path = str(notice["content"]).split("file_path=", 1)[1].split()[0]
+            return Reply(content=None, reasoning=f"I read more of {path}", tool_calls=[
+                {"name": "read_offloaded", "id": f"toolu_r{n}",
+                 "arguments": {"file_path": path, "start_line": 2}}])
+        return Reply(content=None, reasoning=f"next I run step {n}", tool_calls=[
+            {"name": "Bash", "id": f"toolu_{n}_{uuid.uuid4().hex[:6]}",
+             "arguments": {"cmd": f"step {n}"}}])
+
+
+def output(n: int, size: str) -> str:
+    return "\n".join(f"step {n} record {i}: total={i * 7 % 1000}"
+                     for i in range(1, SIZES[size] // 30 + 2))
+
+
+def run(urls: list[str], sizes: list[str], *, stream: bool = False,
+        memory_scope: str | None = None) -> list[dict[str, Any]]:
+    """The agent loop, one request per step (alternating over ``urls``: replicas); the
+    answers as the client got them."""
+    session = f"pt-{uuid.uuid4().hex[:12]}"
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "run the steps"}]}]
+    headers = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01",
+               "x-claude-code-session-id": session}
+    if memory_scope is not None:
+        headers["x-ctxproxy-memory-scope"] = memory_scope
+    answers = []
+    with httpx.Client(timeout=60) as client:
+        for n, size in enumerate(sizes):
+            payload = {"model": MODEL, "max_tokens": 2048, "system": [
+                {"type": "text", "text": "You run steps.", "cache_control": {"type": "ephemeral"}}],
+                "tools": TOOLS, "messages": history, "stream": False,
+                "thinking": {"type": "adaptive"}}
+            r = client.post(urls[n % len(urls)] + "/v1/messages", json=payload, headers=headers)
+            assert r.status_code == 200, r.text[:500]
+            answer = r.json()
+            answers.append(answer)
+            history.append({"role": "assistant", "content": answer["content"]})
+            uses = [b for b in answer["content"] if b.get("type") == "tool_use"]
+            assert uses and all(b["name"] == "Bash" for b in uses)  # the proxy's reads hidden
+            history.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": b["id"], "content": output(n, size)}
+                for b in uses]})
+    return answers
+
+
+def forwarded(fake: FakeUpstream) -> list[dict[str, Any]]:
+    return [r.json() for r in fake.received if r.path == "/v1/messages"
+            and r.json().get("tools")]
+
+
+@pytest.fixture
+def checking() -> Iterator[tuple[FakeUpstream, str]]:
+    """A prefix-checking fake of this test's own."""
+    fake = FakeUpstream(prefix_check=True)
+    with serve_in_thread(fake) as upstream:
+        yield fake, upstream.url
+
+
+def proxies(fake_url: str, data: Path, n: int = 1, **overrides: Any) -> Iterator[ServerThread]:
+    for i in range(n):
+        config = proxy_config(fake_url + "/v1", data / f"r{i}", {
+            "compaction": {"context_windows": {MODEL: 30_000}}, **overrides})
+        yield serve_in_thread(create_app(config), lifespan="on")
+
+
+def no_refusals(fake: FakeUpstream) -> None:
+    assert [v.message for v in fake.refused] == []
+    assert fake.dropped == []
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(sizes=st.lists(st.sampled_from(list(SIZES)), min_size=3, max_size=14))
+def test_no_request_is_refused_across_ageing_and_compaction(
+    checking: tuple[FakeUpstream, str], tmp_path_factory: pytest.TempPathFactory,
+    sizes: list[str],
+) -> None:
+    fake, url = checking
+    Model(fake)
+    fake.refused.clear()
+    [srv] = proxies(url, tmp_path_factory.mktemp("pt"))
+    with srv:
+        run([srv.url], sizes)
+    no_refusals(fake)
+
+
+def test_a_long_session_compacts_often_and_nothing_is_refused(
+    checking: tuple[FakeUpstream, str], tmp_path: Path
+) -> None:
+    fake, url = checking
+    model = Model(fake)
+    [srv] = proxies(url, tmp_path)
+    with srv:
+        run([srv.url], ["huge", "large", "medium", "huge", "large", "small", "huge", "large",
+                        "huge", "medium", "large", "huge"])
+    no_refusals(fake)
+    sent = forwarded(fake)
+    summaries = {str(m["content"]) for b in sent for m in b["messages"]
+                 if m["role"] == "system" and SUMMARY_HEADING in str(m["content"])}
+    assert model.summaries >= 2 and len(summaries) >= 2  # several epochs
+    # Thinking went back within epochs (the check had work) and the system field never changed.
+    assert sum(any(blk.get("type") == "thinking" for m in b["messages"]
+                   if m["role"] == "assistant" for blk in m["content"]) for b in sent) >= 4
+    assert len({str(b["system"]) for b in sent}) == 1 and len({str(b["tools"]) for b in sent}) == 1
+
+
+def test_memory_folds_refuse_nothing(checking: tuple[FakeUpstream, str], tmp_path: Path) -> None:
+    """A fold changes MEMORY.md in the background: a session keeps its pinned version until
+    its next compaction, so the memory message never changes mid-epoch."""
+    fake, url = checking
+    model = Model(fake)
+    [srv] = proxies(url, tmp_path, memory={"enabled": True})
+    with srv:
+        run([srv.url], ["huge", "large", "huge", "large", "medium"], memory_scope="team")
+        srv.drain()
+        assert model.folds >= 1
+        run([srv.url], ["huge", "large", "huge", "large", "huge", "large"], memory_scope="team")
+    no_refusals(fake)
+    assert any(m["role"] == "system" and MEMORY_HEADING in str(m["content"])
+               for b in forwarded(fake) for m in b["messages"])
+
+
+def test_two_replicas_on_postgres_forward_the_same_bytes(
+    checking: tuple[FakeUpstream, str], tmp_path: Path, pg_url: str
+) -> None:
+    """Requests alternate between two replicas sharing PostgreSQL: the summary, its epoch and
+    the thinking each one drops are the store's, so either replica forwards the same bytes."""
+    fake, url = checking
+    Model(fake)
+    a, b = proxies(url, tmp_path, 2, storage={"url": pg_url})
+    with a, b:
+        run([a.url, b.url], ["huge", "large", "huge", "medium", "large", "huge", "large",
+                             "huge", "large"])
+    no_refusals(fake)
