@@ -15,6 +15,8 @@ out through the services.
                         summary's request) lose their signed thinking blocks  pure
     memory           <- memory.message() (the version pinned for the session and the summary
                         in use), inserted after the leading system messages  pure
+    replay           <- the proxy's read rounds of the answers still forwarded (store, cached)
+                        put back before them (pipeline.replay)               pure
     validate, count                                                         pure
 
 Offload runs once per request in the sense that matters: each cut is computed once (cached per
@@ -45,6 +47,8 @@ from .epoch import ageing_epoch, drop_thinking
 from .model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
 from .native import head as native_head
 from .offload import Offloader
+from .replay import Source as RoundsSource
+from .replay import run as replay_rounds
 from .turns import leading_system_count
 from .validate import ValidateStage
 
@@ -86,9 +90,11 @@ class Pipeline:
         old_max_bytes: int,
         stages: Sequence[Stage] | None = None,
         memory: MemoryStep | None = None,
+        replay: RoundsSource | None = None,
     ) -> None:
         self.offloader = offloader
         self.memory = memory
+        self.replay = replay
         self.planner = planner
         self.compactor = compactor
         self.counter = counter
@@ -172,6 +178,16 @@ class Pipeline:
             except Exception:
                 log.exception("stage memory failed; forwarding without it")
                 failed.append("memory")
+
+        replay = self.replay  # the proxy's read rounds, put back (not in a history upstream)
+        if replay is not None and replay.enabled and len(request.chains) == len(history):
+            try:
+                outcome = await replay_rounds(replay, messages, history, request, before)
+                messages = outcome.messages
+                _add(stats, outcome.stats)
+            except Exception:
+                log.exception("stage replay failed; forwarding without it")
+                failed.append("replay")
 
         for stage in (self.validate, self.count):
             # Counting covers what the client sent too (tokens in): its new outputs, whole.

@@ -13,8 +13,10 @@ upstream sent it (:func:`frame`); an answer of one round without the proxy's cal
 exactly as the upstream sent it.
 
 An answer that calls both the proxy's tool and the client's tools is returned with only the
-client's calls: the proxy's reads are dropped (the model may read again on a later turn), because
-the client could neither run them nor continue with a half-answered turn.
+client's calls, because the client could neither run the proxy's nor continue with a
+half-answered turn. The proxy's calls are still run (after the answer is complete), and the
+model's whole answer and their results kept with the rounds (:class:`Rounds`): later turns
+forward the history as the model saw it (proxy.pipeline.replay).
 """
 
 from __future__ import annotations
@@ -57,6 +59,16 @@ class Rounds:
     rounds: int = 0
     internal: list[dict[str, Any]] = field(default_factory=list)  # the proxy's calls + results
     usage: dict[str, Any] | None = None
+    # For putting the rounds back on later turns (proxy.rounds): each internal wire item as it
+    # was forwarded, and, when the answer's own calls of the proxy's tool were dropped from the
+    # client's copy, the model's answer (wire items) and the results of those calls.
+    wire: list[bytes] = field(default_factory=list)
+    full: list[bytes] | None = None
+    results: list[bytes] = field(default_factory=list)
+
+    @property
+    def replayable(self) -> bool:
+        return bool(self.wire) or self.full is not None
 
     def add_usage(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -311,6 +323,14 @@ class Reader(ReaderBase):
             lambda c: (c.get("function") or {}).get("arguments") or "{}",
             lambda c, text: {"role": "tool", "tool_call_id": c.get("id"), "content": text})
 
+    async def _dropped(self, state: Rounds, identity: Identity, msg: dict[str, Any],
+                       ours: list[Any], settled: Settled) -> None:
+        """The answer's calls of the proxy's tool are dropped from the client's copy: run
+        them anyway and keep the model's message with their results (see :class:`Rounds`)."""
+        results = await self._results(identity, ours, state.rounds, settled)
+        state.full = [orjson.dumps(msg)]
+        state.results = [orjson.dumps(r) for r in results]
+
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
@@ -338,12 +358,14 @@ class Reader(ReaderBase):
                 results = await self._results(identity, ours, state.rounds, settled)
                 req = encoder.request([json.dumps(m) for m in (msg, *results)])
                 state.internal += [msg, *results]
+                state.wire += [orjson.dumps(m) for m in (msg, *results)]
                 state.rounds += 1
                 continue
             if state.rounds == 0 and not ours:
                 final = payload  # nothing of ours happened: the client gets the bytes as they came
             else:
                 if ours:
+                    await self._dropped(state, identity, msg, ours, settled)
                     _drop_calls(data["choices"][0], theirs)
                 if state.usage is not None:
                     data["usage"] = state.usage
@@ -389,10 +411,15 @@ class Reader(ReaderBase):
                 results = await self._results(identity, calls, state.rounds, settled)
                 req = encoder.request([json.dumps(m) for m in (msg, *results)])
                 state.internal += [msg, *results]
+                state.wire += [orjson.dumps(m) for m in (msg, *results)]
                 state.rounds += 1
                 continue
             for chunk in rnd.finish(meta):
                 await out.emit(chunk)
+            if rnd.ours:
+                whole = {"role": "assistant", "content": rnd.text or None,
+                         "tool_calls": rnd.all_calls()}
+                await self._dropped(state, identity, whole, rnd.our_calls(), settled)
             break
         if rnd.usage_sent:
             pass
@@ -504,11 +531,14 @@ class _Round:
                     else:
                         self.theirs = True
                         self.client_index.setdefault(idx, len(self.client_index))
+                # Every call assembled (the client's too: the model's whole message is kept
+                # when the answer mixes both, see Rounds).
+                call = self.calls.setdefault(idx, {"id": tc.get("id"), "type": "function",
+                                                    "function": {"name": fn.get("name"),
+                                                                 "arguments": ""}})
+                args = fn.get("arguments")
+                call["function"]["arguments"] += args if isinstance(args, str) else ""
                 if self.mine[idx]:
-                    call = self.calls.setdefault(idx, {"id": tc.get("id"), "type": "function",
-                                                        "function": {"name": self.name, "arguments": ""}})
-                    args = fn.get("arguments")
-                    call["function"]["arguments"] += args if isinstance(args, str) else ""
                     continue
                 kept.append({**tc, "index": self.client_index[idx]})
             if isinstance(calls, list) and kept != calls:  # a call withheld or renumbered
@@ -534,6 +564,9 @@ class _Round:
         return [b"data: " + orjson.dumps({**chunk, "choices": out_choices}) + b"\n\n"]
 
     def our_calls(self) -> list[dict[str, Any]]:
+        return [self.calls[i] for i in sorted(self.calls) if self.mine.get(i)]
+
+    def all_calls(self) -> list[dict[str, Any]]:
         return [self.calls[i] for i in sorted(self.calls)]
 
     def finish(self, meta: dict[str, Any]) -> list[bytes]:

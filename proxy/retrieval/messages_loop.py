@@ -4,9 +4,11 @@
 A round whose answer calls only the proxy's tool is internal: its calls are answered with
 ``tool_result`` blocks and the model is asked again, the round's assistant message (thinking
 blocks and their signatures as they came) and a user message with the results appended to
-``messages``. A round that calls the client's tools, or nothing, is the answer; the proxy's
-calls in it are dropped (its thinking blocks stay: a thinking block may end a turn, and the
-turn's first block must stay a thinking block when tools follow).
+``messages`` (not streaming, the assistant content as the upstream's bytes; streaming, as
+assembled from the deltas). A round that calls the client's tools, or nothing, is the answer;
+the proxy's calls in it are dropped from the client's copy (its thinking blocks stay: a thinking
+block may end a turn, and the turn's first block must stay a thinking block when tools follow),
+run all the same and kept for later turns with the model's message (loop.Rounds).
 
 Non-streaming, the client gets the last round's message without the proxy's calls, usage summed
 over the rounds (an answer of one round without them: its bytes as they came). Streaming, events
@@ -79,6 +81,14 @@ class MessagesReader(ReaderBase):
             lambda c: orjson.dumps(c.get("input") or {}).decode(),
             lambda c, text: {"type": "tool_result", "tool_use_id": c.get("id"), "content": text})
 
+    async def _dropped(self, state: Rounds, identity: Identity, said: bytes,
+                       ours: list[dict[str, Any]], settled: Settled) -> None:
+        """The answer's calls of the proxy's tool are dropped from the client's copy: run them
+        anyway and keep the model's message with their ``tool_result`` blocks (loop.Rounds)."""
+        results = await self._results(identity, ours, state.rounds, settled)
+        state.full = [said]
+        state.results = [json.dumps(r) for r in results]
+
     def _encoder(self, body: dict[str, Any], raw: bytes | None) -> _Encoder:
         return _Encoder(body, raw, self.definition())
 
@@ -109,13 +119,18 @@ class MessagesReader(ReaderBase):
             state.add_usage(data.get("usage"))
             content = data["content"]
             ours, theirs = self._split(content)
+            # The assistant message as the upstream sent its content, signed thinking included.
+            said = (b'{"role":"assistant","content":' + bytes(json.members(payload)["content"])
+                    + b"}") if ours else b""
             if ours and not theirs and not last:
                 results = await self._results(identity, ours, state.rounds, settled)
                 state.internal += [{"role": "assistant", "content": content},
                                    {"role": "user", "content": results}]
-                req = encoder.request(content, results)
+                req = encoder.request(said, results, state)
                 state.rounds += 1
                 continue
+            if ours:
+                await self._dropped(state, identity, said, ours, settled)
             if state.rounds == 0 and not ours:
                 final = payload  # nothing of ours happened: the bytes as they came
             else:
@@ -161,15 +176,20 @@ class MessagesReader(ReaderBase):
                 return state
             content = rnd.assembler.content()
             ours, theirs = self._split(content)
+            # A stream has no bytes of the content array: the assembled blocks (the thinking
+            # text and signature are the deltas' exact strings).
+            said = json.dumps({"role": "assistant", "content": content}) if ours else b""
             if ours and not theirs and not last and rnd.stopped:
                 results = await self._results(identity, ours, state.rounds, settled)
                 state.internal += [{"role": "assistant", "content": content},
                                    {"role": "user", "content": results}]
-                req = encoder.request(content, results)
+                req = encoder.request(said, results, state)
                 state.rounds += 1
                 continue
             for chunk in rnd.finish(state.usage, bool(ours) and not theirs):
                 await out.emit(chunk)
+            if ours and rnd.stopped:
+                await self._dropped(state, identity, said, ours, settled)
             break
         if settled is not None:
             await settled()
@@ -191,11 +211,16 @@ class _Encoder:
         self.added: list[bytes] = []
 
     def request(
-        self, content: list[Any] | None = None, results: list[dict[str, Any]] | None = None
+        self, said: bytes | None = None, results: list[dict[str, Any]] | None = None,
+        state: Rounds | None = None,
     ) -> bytes:
-        if content is not None and results is not None:
-            self.added += [json.dumps({"role": "assistant", "content": content}),
-                           json.dumps({"role": "user", "content": results})]
+        """The next round's bytes; ``said``, the round's assistant message (bytes), and its
+        ``results`` appended first (and kept in ``state.wire``, as sent)."""
+        if said is not None and results is not None:
+            added = [said, json.dumps({"role": "user", "content": results})]
+            self.added += added
+            if state is not None:
+                state.wire += added
         if self.raw is None:
             messages = [*(self.body.get("messages") or []), *map(orjson.loads, self.added)]
             return orjson.dumps({**self.body, "messages": messages})

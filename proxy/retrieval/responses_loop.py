@@ -5,7 +5,8 @@ A round whose output calls only the proxy's tool is internal: its calls are answ
 ``function_call_output`` items and the model is asked again, the round's output items (reasoning
 with its encrypted content included) and the results appended to ``input`` (or, for a request
 that continues a stored response, the next round continues the round's response). A round that
-calls the client's tools, or nothing, is the answer; the proxy's calls in it are dropped.
+calls the client's tools, or nothing, is the answer; the proxy's calls in it are dropped from
+the client's copy (run all the same, and kept for later turns with the model's output: loop.Rounds).
 
 Non-streaming, the client gets the last round's response without the proxy's calls, usage summed
 over the rounds (an answer of one round without them: its bytes as they came). Streaming,
@@ -81,6 +82,14 @@ class ResponsesReader(ReaderBase):
             lambda c, text: {"type": "function_call_output", "call_id": c.get("call_id"),
                              "output": text})
 
+    async def _dropped(self, state: Rounds, identity: Identity, output: list[Any],
+                       ours: list[dict[str, Any]], settled: Settled) -> None:
+        """The answer's calls of the proxy's tool are dropped from the client's copy: run them
+        anyway and keep the model's output with their results (see loop.Rounds)."""
+        results = await self._results(identity, ours, state.rounds, settled)
+        state.full = [orjson.dumps(i) for i in output]
+        state.results = [orjson.dumps(r) for r in results]
+
     @staticmethod
     def _encoder(body: dict[str, Any], raw: bytes | None) -> Encoder:
         return Encoder(body, raw, "input", _input_items)
@@ -126,9 +135,12 @@ class ResponsesReader(ReaderBase):
             if ours and not theirs and not last:
                 results = await self._results(identity, ours, state.rounds, settled)
                 state.internal += [*output, *results]
+                state.wire += [orjson.dumps(i) for i in (*output, *results)]
                 req = self._next(encoder, output, results, data.get("id"))
                 state.rounds += 1
                 continue
+            if ours:
+                await self._dropped(state, identity, output, ours, settled)
             if state.rounds == 0 and not ours:
                 final = payload  # nothing of ours happened: the bytes as they came
             else:
@@ -172,11 +184,14 @@ class ResponsesReader(ReaderBase):
             if rnd.ours and not rnd.theirs and not last and rnd.terminal is not None:
                 results = await self._results(identity, rnd.ours, state.rounds, settled)
                 state.internal += [*rnd.output, *results]
+                state.wire += [orjson.dumps(i) for i in (*rnd.output, *results)]
                 req = self._next(encoder, rnd.output, results, rnd.response_id)
                 state.rounds += 1
                 continue
             for chunk in rnd.finish(state.usage):
                 await out.emit(chunk)
+            if rnd.ours and rnd.terminal is not None:
+                await self._dropped(state, identity, rnd.output, rnd.ours, settled)
             break
         if settled is not None:
             await settled()
