@@ -64,6 +64,39 @@ def table(runs: list[Run], *, final_only: bool) -> None:
         print(row)
 
 
+def kept(runs: list[Run], fmt: str, kind: str) -> str:
+    """Share of checks (every checkpoint) where the canary was not lost, and at the end."""
+    every = [o for r in runs if r.format == fmt for o in r.outcomes
+             if kind == "ALL" or o.canary.kind == kind]
+    end = [o for o in every if o.final]
+    if not every:
+        return "      -"
+    k = sum(o.where != "lost" for o in every) * 100 // len(every)
+    e = sum(o.where != "lost" for o in end) * 100 // len(end)
+    return f"{k:3d}/{e:3d}"
+
+
+def before_after(runs: list[Run]) -> None:
+    """Kept (not lost) per kind x format x mode, guard off vs on."""
+    fmts = sorted({r.format for r in runs}, key=FORMATS.index)
+    modes = [m for m in MODES if any(r.mode == m for r in runs)]
+    guards = sorted({r.guard for r in runs})
+    cols = [(f, m) for f in fmts for m in modes]
+    labels = [f"{f[:4]} {m}" for f, m in cols]
+    width = max(len(max(labels, key=len)), 8 * len(guards) + len(guards) - 1)
+    print(f"{'kind':13}" + "".join(f" | {label:^{width}}" for label in labels))
+    sub = " ".join(f"{'on' if g else 'off':>8}" for g in guards)
+    print(f"{'':13}" + f" | {sub:>{width}}" * len(cols))
+    for kind in [*KINDS, "ALL"]:
+        row = f"{kind + ('*' if kind in GUARDED else ''):13}"
+        for f, m in cols:
+            cells = " ".join(
+                f"{kept([r for r in runs if r.mode == m and r.guard == g], f, kind):>8}"
+                for g in guards)
+            row += f" | {cells:>{width}}"
+        print(row)
+
+
 def summary_line(run: Run) -> str:
     counts = collections.Counter(o.where for o in run.outcomes)
     final = collections.Counter(o.where for o in run.outcomes if o.final)
@@ -82,6 +115,8 @@ async def main_async(args: argparse.Namespace) -> list[Run]:
     fmts = FORMATS if args.format == "all" else (args.format,)
     modes = MODES if args.mode == "both" else (args.mode,)
     guards = {"on": (True,), "off": (False,), "both": (False, True)}[args.guard]
+    if not guard_supported():
+        guards = guards[:1]  # both settings would replay the same proxy: once is enough
     runs: list[Run] = []
     fake = FakeUpstream(models=tuple({"gpt-4o", "gpt-5.1-codex", "claude-sonnet-4-5"}))
     with serve_in_thread(fake) as upstream, tempfile.TemporaryDirectory() as tmp:
@@ -124,9 +159,12 @@ def main() -> None:
     for (mode, guard), group in by.items():
         for final in (False, True):
             print(f"\n## summarizer {mode}, guard {'on' if guard else 'off'}"
-                  f"{' (no guard in this tree)' if guard and not guard_supported() else ''}: "
+                  f"{'' if guard_supported() else ' (= on: no guard in this tree)'}: "
                   f"{'the last request only' if final else 'every checkpoint'}")
             table(group, final_only=final)
+    print("\n## kept (not lost): % of checks at every checkpoint / % at the last request, "
+          f"guard {'off vs on' if len({r.guard for r in runs}) > 1 else 'off only'}")
+    before_after(runs)
     print()
     for r in runs:
         print(summary_line(r))

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from proxy.compaction.sections import is_valid_summary
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.fidelity import (
     C1,
@@ -21,6 +22,7 @@ from proxy.testing.fidelity import (
     build_script,
     guard_supported,
     replay,
+    weak_summary,
 )
 
 WINDOW = 9_000
@@ -78,3 +80,15 @@ async def test_with_the_guard_the_guarded_kinds_are_never_lost(
     lost = [(o.turn, o.canary.kind, o.canary.text) for o in run.outcomes
             if o.canary.kind in GUARDED and o.where == "lost"]
     assert not lost
+
+
+def test_the_weak_summarizer_answers_validly_and_drops_about_half() -> None:
+    items = [f"fact number {i} about src/mod_{i}.py" for i in range(40)]
+    prompt = ("<previous_summary>\n" + "\n".join(f"- {t}" for t in items[:20])
+              + "\n</previous_summary>\n<transcript>\n[1] USER:\n" + "\n".join(items[20:])
+              + "\n</transcript>")
+    body = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": prompt}]}
+    text = weak_summary(body)
+    assert is_valid_summary(text) and text == weak_summary(body)  # valid, deterministic
+    kept = [t for t in items if t in text]
+    assert 10 <= len(kept) <= 30

@@ -95,11 +95,27 @@ CLIENT_READ_LINES: Final = 2000  # what one Read call returns (Claude Code's def
 @dataclass(frozen=True)
 class Canary:
     """A fact the agent must keep: ``text`` is matched verbatim (no quotes, backslashes or
-    non-ASCII, so JSON encoding never hides it)."""
+    non-ASCII, so JSON encoding never hides it). ``pattern`` (a regex) also counts as a match:
+    for file states, which a summary or a ledger states in its own words ("deleted
+    scratch/x.py")."""
 
     kind: str
     text: str
     step: int = -1  # the step that plants it (set by the script builder)
+    pattern: str = ""
+
+    def found(self, haystack: str) -> bool:
+        return self.text in haystack or bool(self.pattern and re.search(self.pattern, haystack))
+
+
+def file_fact(path: str, verbs: str) -> str:
+    """A regex: ``path`` and one of ``verbs`` (an alternation) on one line, in either order."""
+    p = re.escape(path)
+    return rf"{p}[^\n]*\b(?:{verbs})\b|\b(?:{verbs})\b[^\n]*{p}"
+
+
+DELETED_VERBS: Final = "deleted|removed|rm|Delete File"
+EDITED_VERBS: Final = "edited|modified|updated|changed|Edit|edit_file|Update File"
 
 
 @dataclass(frozen=True)
@@ -226,7 +242,7 @@ class _Builder:
         self.versions.append((len(self.steps), path, content))
 
     def add(self, step: Step) -> None:
-        stamped = tuple(Canary(c.kind, c.text, len(self.steps)) for c in step.canaries)
+        stamped = tuple(Canary(c.kind, c.text, len(self.steps), c.pattern) for c in step.canaries)
         self.steps.append(Step(step.kind, step.text, step.path, step.command, step.output,
                                step.old, step.new, stamped))
 
@@ -337,8 +353,15 @@ FIX2 = Canary("fix", "open the refill store with `timeout=30` and WAL mode")
 DEC = Canary("decision", "keep the retry token in Redis, not Postgres, because the refill path "
                          "must not take a row lock")
 DEC2 = Canary("decision", "drop the in-process cache, because two workers served stale buckets")
-DELETED = Canary("deleted_file", "rm scratch/repro_double_charge.py")
-DELETED2 = Canary("deleted_file", "rm scratch/bench_refill.sh")
+DELETED = Canary("deleted_file", "rm scratch/repro_double_charge.py",
+                 pattern=file_fact("scratch/repro_double_charge.py", DELETED_VERBS))
+DELETED2 = Canary("deleted_file", "rm scratch/bench_refill.sh",
+                  pattern=file_fact("scratch/bench_refill.sh", DELETED_VERBS))
+
+
+def edited(path: str, new: str) -> Canary:
+    """The file's new line verbatim, or the summary saying ``path`` was edited."""
+    return Canary("edited_file", new, pattern=file_fact(path, EDITED_VERBS))
 
 
 def build_script(scale: int = 2, fillers: int = 3) -> Script:
@@ -388,7 +411,8 @@ def build_script(scale: int = 2, fillers: int = 3) -> Script:
     b.user(f"And {C2.text}: other teams import it.", C2)
     b.edit("src/billing/ledger.py", ledger_quote,
            "    return self._post(entry, idempotency_key=key)  # idempotent refills",
-           "Making post_entry idempotent.", Canary("edited_file", "idempotency_key=key)  # idempotent refills"))
+           "Making post_entry idempotent.",
+           edited("src/billing/ledger.py", "idempotency_key=key)  # idempotent refills"))
     pad()
     b.user(f"Please {REQ.text}.", REQ)
     b.bash("ls deploy/cron", f"{PATH2.text}\ndeploy/cron/nightly-billing.service\n", "", PATH2)
@@ -403,7 +427,7 @@ def build_script(scale: int = 2, fillers: int = 3) -> Script:
     cache_quote = b.quotable("src/billing/cache.py")
     b.edit("src/billing/cache.py", cache_quote, "    return None  # no in-process bucket cache",
            f"Fix: {FIX2.text}. Decision: {DEC2.text}.", FIX2, DEC2,
-           Canary("edited_file", "return None  # no in-process bucket cache"))
+           edited("src/billing/cache.py", "return None  # no in-process bucket cache"))
     b.bash(DELETED2.text, "", "", DELETED2)
     pad()
     pad()
@@ -662,11 +686,11 @@ class _Reader:
 
 
 def locate(canary: Canary, context: str, summary: str, reads: Sequence[str]) -> Where:
-    if canary.text in context:
+    if canary.found(context):
         return "context"
-    if canary.text in summary:
+    if canary.found(summary):
         return "summary"
-    if any(canary.text in r for r in reads):
+    if any(canary.found(r) for r in reads):
         return "reachable"
     return "lost"
 
