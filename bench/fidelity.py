@@ -27,10 +27,7 @@ import asyncio
 import collections
 import logging
 import sys
-import tempfile
-from pathlib import Path
 
-from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.fidelity import (
     FORMATS,
     GUARDED,
@@ -40,9 +37,8 @@ from proxy.testing.fidelity import (
     Run,
     build_script,
     guard_supported,
-    replay,
+    replay_all,
 )
-from proxy.testing.servers import serve_in_thread
 
 SHORT = {"context": "ctx", "summary": "sum", "reachable": "read", "lost": "lost"}
 
@@ -103,31 +99,13 @@ def summary_line(run: Run) -> str:
     n, nf = sum(counts.values()), sum(final.values())
     guarded_lost = sum(1 for o in run.outcomes if o.canary.kind in GUARDED and o.where == "lost")
     quotes = sum(q.present for q in run.quotes)
+    why = collections.Counter(q.why for q in run.quotes if not q.present)
+    misses = f" ({', '.join(f'{v} {k}' for k, v in sorted(why.items()))})" if why else ""
     return (f"{run.format:9} {run.mode:8} guard {'on ' if run.guard else 'off'}: "
             f"{run.compactions} compactions, {run.summarizer_calls} summarizer calls; kept "
             f"(ctx+sum+read) {(n - counts['lost']) * 100 / n:5.1f}% of {n} checks, at the end "
             f"{(nf - final['lost']) * 100 / nf:5.1f}% of {nf}; guarded kinds lost {guarded_lost}; "
-            f"edit quotes in the request {quotes}/{len(run.quotes)}")
-
-
-async def main_async(args: argparse.Namespace) -> list[Run]:
-    script = build_script(scale=args.scale, fillers=args.fillers)
-    fmts = FORMATS if args.format == "all" else (args.format,)
-    modes = MODES if args.mode == "both" else (args.mode,)
-    guards = {"on": (True,), "off": (False,), "both": (False, True)}[args.guard]
-    if not guard_supported():
-        guards = guards[:1]  # both settings would replay the same proxy: once is enough
-    runs: list[Run] = []
-    fake = FakeUpstream(models=tuple({"gpt-4o", "gpt-5.1-codex", "claude-sonnet-4-5"}))
-    with serve_in_thread(fake) as upstream, tempfile.TemporaryDirectory() as tmp:
-        for guard in guards:
-            for mode in modes:
-                for fmt in fmts:
-                    data = Path(tmp) / f"{fmt}-{mode}-{guard}"
-                    runs.append(await replay(fmt, mode, fake=fake, upstream_url=upstream.url + "/v1",
-                                             data_dir=data, script=script, window=args.window,
-                                             guard=guard))
-    return runs
+            f"edit quotes in the request {quotes}/{len(run.quotes)}{misses}")
 
 
 def main() -> None:
@@ -146,8 +124,12 @@ def main() -> None:
     if args.guard != "off" and not guard_supported():
         print("# NOTE: this tree's config has no compaction.guard: 'guard on' replays the same "
               "proxy as 'guard off' (the figures are equal by construction)")
-    runs = asyncio.run(main_async(args))
     script = build_script(scale=args.scale, fillers=args.fillers)
+    runs = asyncio.run(replay_all(
+        script, formats=FORMATS if args.format == "all" else (args.format,),
+        modes=MODES if args.mode == "both" else (args.mode,),
+        guards={"on": (True,), "off": (False,), "both": (False, True)}[args.guard],
+        window=args.window))
     print(f"# {len(script.steps)} steps, {len(script.canaries)} canaries, window "
           f"{args.window:,} tokens; a check = one canary at one checkpoint (after each "
           "compaction, and the last request); * = a kind the guard carries")

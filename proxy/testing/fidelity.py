@@ -48,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sysconfig
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,11 +65,12 @@ from ..session import Identity, safe_name, tenant_of
 from .fake_replies import Reply
 from .fake_upstream import FakeUpstream
 from .inprocess import InProcess
+from .servers import serve_in_thread
 
 __all__ = [
     "FORMATS", "GUARDED", "KINDS", "MODES", "OUTCOMES", "Canary", "Checkpoint", "EditQuote",
     "Outcome", "Run", "Script", "Step", "build_script", "guard_supported", "locate", "replay",
-    "responder", "weak_summary",
+    "replay_all", "responder", "weak_summary",
 ]
 
 Fmt = Literal["chat", "responses", "messages"]
@@ -164,6 +166,16 @@ class Checkpoint:
     canaries: tuple[Canary, ...]
     compaction: int
 
+    @property
+    def full_messages(self) -> list[Any]:
+        """The client's whole conversation (``messages`` or ``input``)."""
+        return conversation(self.full_body)
+
+    @property
+    def forwarded_messages(self) -> list[Any]:
+        """The slimmed conversation the provider was sent."""
+        return conversation(self.forwarded_body)
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -176,9 +188,14 @@ class Outcome:
 
 @dataclass(frozen=True)
 class EditQuote:
+    """An edit's ``old_string`` vs the request it answers: ``present`` byte-exact; else ``why``:
+    ``cut`` (the read it quotes is still forwarded, cut by ageing) or ``evicted`` (that read
+    was compacted into the summary)."""
+
     step: int
     quote: str
     present: bool
+    why: Literal["present", "cut", "evicted"] = "present"
 
 
 @dataclass
@@ -718,6 +735,17 @@ def _is_summarizer(raw: bytes) -> bool:
     return SUMMARIZER_MARK in raw
 
 
+def _quote(fmt: Fmt, script: Script, n: int, old: str, forwarded: Mapping[str, Any]) -> EditQuote:
+    leaves = list(_leaves(forwarded))
+    if any(old in leaf for leaf in leaves):
+        return EditQuote(n, old, True)
+    path = script.steps[n].path
+    read = max((i for i, s in enumerate(script.steps[:n]) if s.kind == "read" and s.path == path),
+               default=-1)
+    call_id = f"{'toolu' if fmt == 'messages' else 'call'}_{read:03d}"
+    return EditQuote(n, old, False, "cut" if call_id in leaves else "evicted")
+
+
 async def replay(
     fmt: Fmt, mode: str, *, fake: FakeUpstream, upstream_url: str, data_dir: Path,
     script: Script, window: int = 24_000, guard: bool = False, drop: frozenset[str] = frozenset(),
@@ -747,8 +775,7 @@ async def replay(
                             step.output.replace(text, "[redacted]"), step.old,
                             step.new.replace(text, "[redacted]"), step.canaries)
             if step.kind == "edit" and previous:
-                whole = "\n".join(_leaves(previous))
-                run.quotes.append(EditQuote(n, step.old, step.old in whole))
+                run.quotes.append(_quote(fmt, script, n, step.old, previous))
             history += render_step(fmt, n, step, first=n == 0)
             body = request_body(fmt, history)
             before = len(fake.received)
@@ -776,3 +803,25 @@ async def replay(
     run.compactions = len(seen)
     run.summarizer_calls = sum(1 for r in fake.received if _is_summarizer(r.body)) - first_summarizer
     return run
+
+
+async def replay_all(
+    script: Script, *, formats: Sequence[Fmt] = FORMATS, modes: Sequence[str] = MODES,
+    guards: Sequence[bool] = (False,), window: int = 24_000,
+) -> list[Run]:
+    """Every (guard, mode, format) replay of ``script``, each on a fresh proxy with its own data
+    dir, in front of one fake upstream on loopback. Where the tree has no guard, ``guards`` is
+    cut to its first setting (both would replay the same proxy)."""
+    if not guard_supported():
+        guards = guards[:1]
+    runs: list[Run] = []
+    fake = FakeUpstream(models=tuple(MODELS.values()))
+    with serve_in_thread(fake) as upstream, tempfile.TemporaryDirectory() as tmp:
+        for guard in guards:
+            for mode in modes:
+                for fmt in formats:
+                    runs.append(await replay(
+                        fmt, mode, fake=fake, upstream_url=upstream.url + "/v1",
+                        data_dir=Path(tmp) / f"{fmt}-{mode}-{guard}", script=script,
+                        window=window, guard=guard))
+    return runs
