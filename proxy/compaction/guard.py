@@ -126,7 +126,7 @@ CUE_RE: Final = re.compile(
     rf"\b(?:never|always|must|mustn{_APOS}t|don{_APOS}t|do not|avoid|prefer(?:s|red)?"
     rf"|shouldn{_APOS}t|should not|make sure|use only)\b"
     r"|\bplease (?:use|keep|stick to)\b"
-    r"|\bkeep\b[^.!?]{0,80}?\b(?:unchanged|intact|as[ -]is|untouched)\b"
+    r"|\bkeep\b.{0,80}?\b(?:unchanged|intact|as[ -]is|untouched)\b"
     r"|\bonly (?:use|touch|change|modify|edit|run|write|create|commit|read|test|return|output"
     r"|reply|respond|answer|work|add|fix|do)\b",
     re.IGNORECASE,
