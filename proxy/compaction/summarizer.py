@@ -4,9 +4,10 @@ Everything but the network call, which is injected as ``complete(prompt) -> answ
 :func:`summarize` asks the model for a summary of the evicted turns merged with the previous
 summary, validates it and falls back to a deterministic one when the model fails.
 
-Summary format. Markdown with the headings of :data:`SECTIONS` in that order, then the
-``## User Requests (verbatim)`` block, which the proxy writes itself from the user's messages
-(never the model), so no stated constraint can be lost to a paraphrase. The parts live in:
+Summary format. Markdown with the headings of :data:`SECTIONS` in that order, then (guard on)
+the ``## Pinned by ctxproxy`` block of ledgers and the ``## User Requests (verbatim)`` block,
+both written by the proxy itself (never the model), so no stated constraint can be lost to a
+paraphrase. The parts live in:
 
 - :mod:`.prompt`: the summarizer prompt, :data:`SECTIONS`;
 - :mod:`.sections`: validating and normalising a summary (:func:`summary_problems`,
@@ -14,6 +15,7 @@ Summary format. Markdown with the headings of :data:`SECTIONS` in that order, th
 - :mod:`.requests`: the verbatim user-requests block (:class:`UserRequests`,
   :func:`render_user_requests`, :func:`parse_user_block`, ...);
 - :mod:`.fallback`: the deterministic :func:`fallback_summary`;
+- :mod:`.guard`: the pinned goal, constraints and file-state ledgers;
 - :mod:`.message`: the inserted summary message (:func:`summary_message`) and finding one in a
   client's history (:func:`previous_from_messages`).
 
