@@ -514,10 +514,8 @@ def merge_ledgers(
     constraints = list(previous.constraints)
     seen = {_dedup_key(c) for c in constraints}
     new_constraints: list[str] = []
-    files = {fs.path: fs for fs in previous.files}
+    files = {fs.path: replace(fs, order=i) for i, fs in enumerate(previous.files)}
     order = len(files)
-    files = {p: replace(fs, order=i) for i, (p, fs) in enumerate(files.items())}
-    touched: dict[str, int] = {}  # path -> latest turn it was touched in this span
     if first is None and first_fallback:
         first = _cut_request(first_fallback, int(config.goal_bytes * _FIRST_SHARE))
     turn = turn_base
@@ -544,11 +542,8 @@ def merge_ledgers(
                 if fs is None:
                     fs = FileState(path, state, (), False, order)
                     order += 1
-                fs = _add_turn(replace(fs, state=state), turn)
-                files[path] = fs
-                touched[path] = turn
-    goal_first = first
-    kept_restated = _fit_restated(goal_first, restated, config.goal_bytes)
+                files[path] = _add_turn(replace(fs, state=state), turn)
+    kept_restated = _fit_restated(first, restated, config.goal_bytes)
     head, cons, omitted = _fit_constraints(
         constraints, previous.constraints_head, new_constraints, previous.constraints_omitted,
         config.constraints_bytes,
@@ -556,7 +551,7 @@ def merge_ledgers(
     kept_files, files_omitted = _fit_files(
         sorted(files.values(), key=lambda f: f.order), previous.files_omitted, config.files_bytes
     )
-    return Ledgers(goal_first, tuple(kept_restated), tuple(cons), head, omitted,
+    return Ledgers(first, tuple(kept_restated), tuple(cons), head, omitted,
                    tuple(kept_files), files_omitted)
 
 
