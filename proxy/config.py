@@ -208,6 +208,29 @@ class OffloadConfig(_Section):
     )
 
 
+class GuardConfig(_Section):
+    enabled: bool = Field(
+        True,
+        description="Pin, in every summary, ledgers the proxy computes itself and carries "
+        "byte-exact from compaction to compaction: the session's goal (its first request and "
+        "restatements), the user's constraints and preferences (verbatim), and the files the "
+        "tool calls changed (README, Compaction).",
+    )
+    goal_bytes: int = Field(
+        1200, ge=400, description="Cap (UTF-8 bytes) on the pinned goal: the first request "
+        "(cut in the middle to 60%) and the newest restatements that fit."
+    )
+    constraints_bytes: int = Field(
+        1600, ge=400, description="Cap (UTF-8 bytes) on the constraints ledger; over it the "
+        "oldest entries fitting half the cap stay, then the newest, and the run between is "
+        "counted as omitted (it is in the dialog archive)."
+    )
+    files_bytes: int = Field(
+        1200, ge=200, description="Cap (UTF-8 bytes) on the file-state ledger; over it the "
+        "files touched least recently are counted as omitted."
+    )
+
+
 class CompactionConfig(_Section):
     enabled: bool = Field(True, description="Compact old turns into a summary near the limit.")
     threshold_ratio: float = Field(
@@ -227,6 +250,10 @@ class CompactionConfig(_Section):
     )
     context_windows: dict[str, int] = Field(
         default_factory=dict, description="Context window per model name, overriding the map."
+    )
+    guard: GuardConfig = Field(
+        default_factory=GuardConfig,
+        description="The compaction guard: ledgers pinned in every summary by the proxy.",
     )
 
 

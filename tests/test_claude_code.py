@@ -12,7 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.compaction.guard import parse_ledgers
 from proxy.compaction.message import SUMMARY_HEADING
+from proxy.compaction.prompt import content_text
 from proxy.formats import json
 from proxy.pipeline.notice import parse_notice
 from proxy.testing.claude_code import (
@@ -58,6 +60,12 @@ def test_a_claude_code_session_ages_and_compacts(
         m["role"] == "system" and SUMMARY_HEADING in str(m["content"]) for m in b["messages"])]
     assert not any(SUMMARY_HEADING in str(b.get("system")) for b in sent)  # never edited
     assert compacted and any(t.get("x-ctxproxy-compacted") == "1" for t in session.turns)
+    # The guard pins the user's own request, without the blocks Claude Code wraps around it.
+    summary = next(m["content"] for m in compacted[-1]["messages"]
+                   if m["role"] == "system" and SUMMARY_HEADING in str(m["content"]))
+    pinned = parse_ledgers(content_text(summary))
+    assert pinned is not None and pinned.first is not None
+    assert pinned.first.startswith("Read each of the files data0.txt") and "<" not in pinned.first
     for body in compacted:  # Claude Code's environment (in its first request) is not lost
         assert "Primary working directory" in str(body["system"]) + str(body["messages"])
     for body in sent:

@@ -10,7 +10,9 @@ import orjson
 import pytest
 
 from proxy.app import create_app
+from proxy.compaction.guard import parse_ledgers
 from proxy.compaction.message import SUMMARY_HEADING
+from proxy.compaction.prompt import content_text
 from proxy.formats import json
 from proxy.pipeline.notice import parse_notice
 from proxy.testing.codex import Recording, ShellScript, codex_binary, run_codex, write_codex_home
@@ -84,6 +86,11 @@ def test_codex_session_is_offloaded_aged_and_compacted(
                       for i in s["input"]) for s in forwarded]
     assert any(summarized), "no forwarded request carried a summary"
     assert [t.headers["x-ctxproxy-compacted"] == "1" for t in app.turns] == summarized
+    # The guard pins the user's own request, not Codex's AGENTS.md or environment messages.
+    summary = next(content_text(i.get("content")) for i in forwarded[-1]["input"]
+                   if i.get("role") == "developer" and SUMMARY_HEADING in str(i.get("content")))
+    pinned = parse_ledgers(summary)
+    assert pinned is not None and pinned.first == "run the steps"
     tokens_in, tokens_out = app.turns[-1].tokens()
     assert tokens_in > WINDOW > tokens_out  # the history outgrew the window; the request did not
     assert forwarded[-1]["input"][-1]["call_id"] == f"call_step_{len(COMMANDS) - 1}"
