@@ -14,7 +14,8 @@ from typing import Any
 
 import httpx
 import orjson
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.message import SUMMARY_HEADING
@@ -30,7 +31,9 @@ from proxy.pipeline.quotes import (
 )
 from proxy.session import Identity
 from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.servers import ServerThread
 
+from . import test_epochs as epochs
 from .conftest import ProxyFactory, examples
 from .test_epochs import SUMMARY, is_summarizer
 
@@ -108,7 +111,7 @@ PATCH = """*** Begin Patch
 
 
 def test_apply_patch_paths() -> None:
-    assert patch_paths(PATCH) == ["src/app.py", "old.py"]
+    assert patch_paths(PATCH) == ["src/app.py"]
     msgs = [
         call("p1", "apply_patch", PATCH),  # Codex's custom tool: the patch is the input
         call("p2", "apply_patch", {"input": PATCH.replace("src/app.py", "src/json.py")}),
@@ -127,7 +130,7 @@ def test_apply_patch_paths() -> None:
         call("n2", "Write", {"file_path": "/w.py", "content": "x"}),
     ]
     assert edited_paths(msgs) == {
-        "src/app.py", "old.py", "src/json.py", "x/op.py", "/repo/sh/p.py", "/repo/old.py",
+        "src/app.py", "src/json.py", "x/op.py", "/repo/sh/p.py",
         "/abs/e.py", "/abs/m.py", "/s.py", "ef.py",
     }
     # The exec_command heredoc is an edit, not a read of the patched file.
@@ -390,3 +393,75 @@ def test_an_edit_after_a_compaction_finds_its_quote_byte_exact(
         results = _results(request)
         assert FILE + ": def function_1(x)" in results  # the read is among the kept turns
         assert (quoted in results) is found, f"protect_edit_bytes={protect}"
+
+
+# -- the epoch rule holds with protection at work -------------------------------------------
+
+EPOCH_PATHS = ["/repo/a.py", "/repo/b.py", "/repo/c.py"]
+
+
+def epoch_turn(fmt: str, n: int, step: tuple[str, str, int]) -> list[dict[str, Any]]:
+    kind, path, size = step
+    if kind == "read":
+        name, args, text = "Read", {"file_path": path}, numbered(f"{n}{path}", size)
+        if fmt == "responses":  # Codex reads with the shell
+            name, args = "exec_command", {"cmd": f"sed -n '1,{size}p' {path}"}
+    elif kind == "edit":
+        name, args, text = "Edit", {"file_path": path, "old_string": "a", "new_string": "b"}, "ok"
+        if fmt == "responses":
+            name, args = "apply_patch", {"input": f"*** Begin Patch\n*** Update File: {path}\n"
+                                                  "@@\n-a\n+b\n*** End Patch\n"}
+    else:
+        name, args, text = "bash", {"cmd": "step"}, log(f"s{n}", size)
+    raw = orjson.dumps(args).decode()
+    if fmt == "chat":
+        return [call(f"call_{n}", name, raw),
+                {"role": "tool", "tool_call_id": f"call_{n}", "content": text}]
+    if fmt == "responses":
+        return [{"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": name,
+                 "arguments": raw, "status": "completed"},
+                {"type": "function_call_output", "call_id": f"call_{n}", "output": text}]
+    return [{"role": "assistant", "content": [
+                {"type": "thinking", "thinking": f"step {n}", "signature": f"sig-{n}"},
+                {"type": "tool_use", "id": f"toolu_{n}", "name": name, "input": args}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": text}]}]
+
+
+EPOCH_STEP = st.one_of(
+    st.tuples(st.just("read"), st.sampled_from(EPOCH_PATHS), st.integers(100, 900)),
+    st.tuples(st.just("edit"), st.sampled_from(EPOCH_PATHS), st.just(0)),
+    st.tuples(st.just("run"), st.just(""), st.sampled_from([300, 6_000, 20_000, 70_000])),
+)
+
+
+@pytest.fixture
+def quotes_proxy(make_proxy: ProxyFactory, fake: FakeUpstream) -> ServerThread:
+    fake.responder = lambda req: Reply(content=SUMMARY if is_summarizer(req) else "ok")
+    return make_proxy({"compaction": {"context_windows": {m: 40_000
+                                                          for m in epochs.MODELS.values()}}})
+
+
+@settings(max_examples=examples(30), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(fmt=st.sampled_from(["chat", "responses", "messages"]),
+       steps=st.lists(EPOCH_STEP, min_size=2, max_size=18))
+def test_protection_keeps_epochs_append_only(
+    quotes_proxy: ServerThread, fake: FakeUpstream, fmt: str, steps: list[tuple[str, str, int]]
+) -> None:
+    sid = f"quotes-epoch-{fmt}-{uuid.uuid4().hex[:10]}"
+    history: list[dict[str, Any]] = [epochs.user(fmt, "work on the repo")]
+    first = len(fake.received)
+    headers = {"authorization": "Bearer sk-test", "x-api-key": "sk-ant-test",
+               "anthropic-version": "2023-06-01", "x-session-id": sid}
+    with httpx.Client(timeout=60) as client:
+        for n, step in enumerate(steps):
+            history += epoch_turn(fmt, n, step)
+            r = client.post(quotes_proxy.url + epochs.PATHS[fmt],
+                            content=orjson.dumps(epochs.body(fmt, history)), headers=headers)
+            assert r.status_code == 200, r.text[:300]
+    received = fake.received[first:]
+    forwarded = [rec.json() for rec in received if rec.path == epochs.PATHS[fmt]
+                 and not is_summarizer(rec.json())]
+    summaries = sum(1 for rec in received if is_summarizer(rec.json()))
+    epochs.check_epochs(fmt, forwarded, summaries)

@@ -40,8 +40,9 @@ _VALUED: Final = {"head": {"-n", "-c"}, "tail": {"-n", "-c"}, "sed": {"-e", "-f"
 _SHELLS: Final = frozenset({"exec_command", "shell", "local_shell_call", "shell_call",
                             "container.exec"})
 _SEPARATORS: Final = re.compile(r"&&|\|\||[;\n]")
-# apply_patch headers naming a file whose lines the patch quotes (an added file quotes none).
-_PATCH_FILE: Final = re.compile(r"^\*\*\* (?:Update File|Delete File): (.+?)\s*$", re.M)
+# apply_patch headers naming a file whose lines the patch quotes (an added or deleted file
+# quotes none, and is not quoted afterwards).
+_PATCH_FILE: Final = re.compile(r"^\*\*\* Update File: (.+?)\s*$", re.M)
 _EDIT_TOOLS: Final = frozenset({"Edit", "MultiEdit", "edit_file", "str_replace", "edit"})
 _EDITOR_TOOLS: Final = frozenset({"str_replace_based_edit_tool", "str_replace_editor"})
 _EDITOR_EDITS: Final = frozenset({"str_replace", "insert"})
@@ -131,7 +132,7 @@ def shell_read_paths(script: str) -> list[str]:
 
 
 def patch_paths(patch: str) -> list[str]:
-    """The files an ``apply_patch`` patch quotes (updated or deleted)."""
+    """The files an ``apply_patch`` patch quotes (the updated ones)."""
     return [p for p in _PATCH_FILE.findall(patch) if p]
 
 
