@@ -4,9 +4,9 @@ Stage 1 cuts a tool result over `recent_max_bytes + slack_bytes`, whose original
 `tool_result/<id>.txt`; stage 2 cuts results of aged tool-call turns (see `ageing`) down to
 `old_max_bytes` (not when the provider clears old tool results itself, an Anthropic
 `clear_tool_uses` edit, nor results before the provider's newest compaction item, which it no
-longer reads: :mod:`.native`; nor the reads a coming edit will quote: :mod:`.quotes`). Both cuts are computed from the original the client resends, so the forwarded
-text depends only on the history and the config: the same history always forwards the same
-bytes. Results of the client's own read tools point back to that tool and the original path.
+longer reads: :mod:`.native`; nor the reads a coming edit will quote: :mod:`.quotes`). Both
+cuts are computed from the original the client resends, so the forwarded text depends only on
+the history and the config: the same history always forwards the same bytes. Results of the client's own read tools point back to that tool and the original path.
 
 The stage returns the originals its cuts point at as effects (:class:`FileWrite`); the runner
 saves the ones not on disk yet before the request is forwarded, and forwards uncut a result
@@ -305,19 +305,20 @@ class Offloader:
         texts = self._texts(messages)
         if not texts:
             return frozenset()
-        _, spare = self._ageing(messages, request, texts, aged_turns, seen, kept_from,
+        reads = read_calls(messages, self.config.read_tools)
+        _, spare = self._ageing(messages, request, texts, reads, aged_turns, seen, kept_from,
                                 protect_bytes)
         ids = (messages[i].get("tool_call_id") for i in spare)
         return frozenset(cid for cid in ids if isinstance(cid, str))
 
     def _ageing(
         self, messages: list[Message], request: RequestView, texts: dict[int, str],
-        aged_turns: int | None, seen: int | None, kept_from: int, protect_bytes: int | None,
+        reads: dict[str, ReadCall], aged_turns: int | None, seen: int | None, kept_from: int,
+        protect_bytes: int | None,
     ) -> tuple[int, frozenset[int]]:
         """How many leading tool-call turns are aged, and the indices of the aged reads quote
         protection keeps at their stage-1 cut."""
         c = self.config
-        reads = read_calls(messages, c.read_tools)
         turn_of, turns = ageing.tool_turns(messages)
         if native(request).clears_tool_results:
             return 0, frozenset()  # the provider clears old results itself: stage 2 stands down
@@ -369,8 +370,8 @@ class Offloader:
 
         reads = read_calls(messages, self.config.read_tools)
         turn_of, turns = ageing.tool_turns(messages)
-        aged_upto, spare = self._ageing(messages, request, texts, aged_turns, seen, kept_from,
-                                        protect_bytes)
+        aged_upto, spare = self._ageing(messages, request, texts, reads, aged_turns, seen,
+                                        kept_from, protect_bytes)
 
         out = list(messages)
         files: list[FileWrite] = []
