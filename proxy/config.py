@@ -201,6 +201,18 @@ class OffloadConfig(_Section):
         description="batched policy: aged results are re-cut only once re-cutting all of them "
         "saves at least this many bytes (each re-cut discards the provider's prompt cache).",
     )
+    protect_edit_bytes: int = Field(
+        131072,
+        ge=0,
+        description="Quote protection: the newest read of each file the agent edits (or read in "
+        "the newest protect_recent_turns tool-call turns) keeps its stage-1 cut, newest first "
+        "up to this many bytes per request (never more than the window's keep_recent_ratio "
+        "share); 0 turns it off.",
+    )
+    protect_recent_turns: int = Field(
+        10, ge=0, description="Quote protection: reads in this many newest tool-call turns "
+        "count as files being worked on, edited or not."
+    )
     read_tools: dict[str, ReadTool] = Field(
         default_factory=_default_read_tools,
         description="The client's own file-reading tools (name -> argument names): their cut "
