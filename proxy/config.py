@@ -210,7 +210,7 @@ class OffloadConfig(_Section):
         "share); 0 turns it off.",
     )
     protect_recent_turns: int = Field(
-        4, ge=0, description="Quote protection: reads in this many newest tool-call turns "
+        0, ge=0, description="Quote protection: reads in this many newest tool-call turns "
         "count as files being worked on, edited or not."
     )
     read_tools: dict[str, ReadTool] = Field(

@@ -41,12 +41,9 @@ def test_a_claude_code_session_ages_and_compacts(
     fake: FakeUpstream, fake_url: str, tmp_path: Path
 ) -> None:
     assert BINARY is not None
-    # Quote protection for edited files only: the turns a compaction keeps here are all among
-    # the newest four, whose reads it would keep at stage 1, and this session (no edits) is
-    # about ageing (tests/test_quote_protection.py covers protection itself).
+    # Quote protection keeps the newest read of edited files only (this session edits none).
     config = proxy_config(fake_url, tmp_path / "data",
-                          {"compaction": {"context_windows": {MODEL: 120000}},
-                           "offload": {"protect_recent_turns": 0}})
+                          {"compaction": {"context_windows": {MODEL: 120000}}})
     # ~34 KB per Read: under stage 1's cut, so what shrinks them is ageing and compaction.
     session = run_session(BINARY, config, fake, fake_url.removesuffix("/v1"), reads=10, lines=500)
     assert session.returncode == 0, session.stderr[-2000:]

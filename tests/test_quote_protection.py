@@ -385,7 +385,9 @@ def test_an_edit_after_a_compaction_finds_its_quote_byte_exact(
     fake.responder = lambda req: Reply(content=SUMMARY if is_summarizer(req) else "ok")
     compaction = {"context_windows": {MODEL: WINDOW}, "keep_recent_ratio": 0.45}
     for protect, found in ((131072, True), (0, False)):
-        srv = make_proxy({"compaction": compaction, "offload": {"protect_edit_bytes": protect}})
+        # The file is not edited yet: protected as one read in the newest turns.
+        srv = make_proxy({"compaction": compaction, "offload": {"protect_edit_bytes": protect,
+                                                               "protect_recent_turns": 10}})
         request, quoted, summaries = _messages_session(srv.url, fake)
         text = orjson.dumps(request).decode()
         assert summaries >= 1 and SUMMARY_HEADING in orjson.loads(text)["messages"][0][
