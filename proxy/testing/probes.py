@@ -98,7 +98,7 @@ _STOPWORDS: Final = frozenset(
 _TOKEN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/'-]*[A-Za-z0-9_]")
 _GRADE_PATTERNS: Final = (
     re.compile(r"grade\s*[:=]?\s*\**\s*([0-5](?:\.\d+)?)\b", re.I),
-    re.compile(r"\b([0-5](?:\.\d+)?)\s*(?:/|out of)\s*5\b", re.I),
+    re.compile(r"\b([0-5](?:\.\d+)?)\**\s*(?:/|out of)\s*5\b", re.I),
     re.compile(r"(?:score|rating)\s*[:=]?\s*\**\s*([0-5](?:\.\d+)?)\b", re.I),
     re.compile(r"^\s*\**([0-5](?:\.\d+)?)\**\s*$", re.M),
 )
