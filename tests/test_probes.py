@@ -44,23 +44,57 @@ def probe(expected: tuple[str, ...], tokens: tuple[str, ...] = ()) -> Probe:
 # --- generation --------------------------------------------------------------------------------
 
 
-def test_one_probe_per_canary_and_one_for_all_files() -> None:
-    probes = probes_for(CANARIES)
-    assert [p.kind for p in probes] == ["recall", "decision", "continuation", "constraint",
-                                        "artifact"]
-    recall, decision, nxt, constraint, artifact = probes
-    assert "exact error message about the tenant tests" in recall.question
-    assert "fix" in recall.question
+def test_one_probe_per_kind_and_one_per_decision() -> None:
+    probes = probes_for([*CANARIES, Canary("decision", "less ops", subject="one node")])
+    assert [p.kind for p in probes] == ["recall", "artifact", "continuation", "decision",
+                                        "decision", "constraint"]
+    recall, artifact, nxt, decision, decision2, constraint = probes
+    assert recall.question.startswith("What were the exact error messages we ran into, and how "
+                                      "did we fix them?")
     assert recall.expected == (ERROR, "x-tenant-id")
-    assert decision.question.startswith("Why did we choose SQLite over Postgres?")
-    assert nxt.question.startswith("What is the next step")
-    assert constraint.question.startswith("What was the user's constraint? Quote it exactly.")
     assert "create, modify or delete" in artifact.question
     assert artifact.expected == ("src/tenant_scope.py", "legacy/auth_shim.py")
     assert "src/tenant_scope.py (created)" in artifact.reference
+    assert nxt.question.startswith("What are the next steps")
+    assert nxt.expected == ("migrations/0007_tenants.sql",)
+    assert decision.question.startswith("Why did we choose SQLite over Postgres?")
+    assert decision2.question.startswith("Why did we choose one node?")
+    assert constraint.question.startswith("What hard rules or constraints did the user set?")
     # Derived key tokens: distinctive words, no stopwords.
     assert set(recall.tokens) >= {"keyerror", "tenant_id", "x-tenant-id"}
     assert "the" not in probes_for([Canary("recall", "the parser broke the build")])[0].tokens
+    assert probes_for([Canary("mood", "calm", subject="the user's mood")])[0].question.startswith(
+        "What was the user's mood? Quote it exactly.")
+
+
+def test_the_fidelity_harness_canaries() -> None:
+    """Its kinds (error and fix apart, deleted_file with a pattern, a decision "X because Y",
+    a todo) as plain objects with kind, text and pattern."""
+
+    @dataclass(frozen=True)
+    class Planted:
+        kind: str
+        text: str
+        step: int = -1
+        pattern: str = ""
+
+    planted = [
+        Planted("error", ERROR), Planted("fix", "cfg.get('tenant_id', DEFAULT)"),
+        Planted("deleted_file", "rm scratch/repro.py",
+                pattern=r"scratch/repro\.py[^\n]*\b(?:deleted|removed)\b"),
+        Planted("decision", "keep the token in Redis, not Postgres, because it must not lock"),
+        Planted("todo", "add a leap-second test"), Planted("goal", "stop double charges"),
+    ]
+    recall, artifact, nxt, decision, goal = probes_for(planted)
+    assert recall.expected == (ERROR, "cfg.get('tenant_id', DEFAULT)")
+    assert decision.question.startswith("Why did we choose to keep the token in Redis, not "
+                                        "Postgres?")
+    assert decision.expected == ("it must not lock",)
+    assert nxt.kind == "continuation" and goal.question.startswith("What is the goal")
+    # The pattern counts as the text: "deleted scratch/repro.py" is the rm, said otherwise.
+    assert rubric(artifact, "scratch/repro.py was deleted") == 1.0
+    assert rubric(artifact, "rm scratch/repro.py") == 1.0
+    assert rubric(artifact, "src/other.py") == 0.0
 
 
 def test_canaries_from_mappings_and_objects() -> None:
@@ -212,7 +246,7 @@ async def test_full_and_slimmed_both_asked_and_scored() -> None:
     assert only.slimmed.text == "I don't know."
     assert result.mean("full") == 1.0 and result.mean("slimmed", "grade") == 1
     assert (result.full_messages, result.slimmed_messages) == (3, 3)
-    assert result.full_chars > result.slimmed_chars
+    assert result.full_tokens > result.slimmed_tokens
     # Two questions (full, slimmed) and two judgements, each as the endpoint expects.
     bodies = [r.json() for r in fake.received]
     assert len(bodies) == 4

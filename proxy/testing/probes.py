@@ -22,11 +22,11 @@ same endpoint as judge (a 0-5 grade, :func:`parse_grade`).
         result = await run_checkpoint(client, checkpoint, judge=True)
     print(format_table([result]))
 
-A checkpoint is anything with ``format``, ``turn``, ``full_messages`` (the client's history in
-its wire format: chat messages, Responses input items or Anthropic messages), ``forwarded_body``
-(the body ctxproxy sent upstream, a dict or bytes) and ``canaries`` (:class:`Canary`, or objects
-or dicts with a kind and a text; see :func:`as_canary`): :mod:`proxy.testing.fidelity`'s
-``Checkpoint`` is one, :class:`Checkpoint` here another.
+A checkpoint is anything with ``format``, ``turn``, ``full_body`` or ``full_messages`` (what the
+client sent, in its wire format: the whole body, or a bare history -- chat messages, Responses
+input items, Anthropic messages), ``forwarded_body`` (the body ctxproxy sent upstream, a dict or bytes) and ``canaries``
+(:class:`Canary`, or objects or dicts with a kind and a text; see :func:`as_canary`):
+:mod:`proxy.testing.fidelity`'s ``Checkpoint`` is one, :class:`Checkpoint` here another.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from ..formats.chat import CHAT
 from ..formats.messages import MESSAGES
 from ..formats.responses import RESPONSES
 from ..pipeline.model import Message
+from ..pipeline.tokens import TokenCounter
 
 __all__ = [
     "Answer",
@@ -63,7 +64,9 @@ __all__ = [
     "ask",
     "chat_messages",
     "format_table",
+    "histories",
     "judge_prompt",
+    "key_tokens",
     "parse_grade",
     "probes_for",
     "rubric",
@@ -81,14 +84,31 @@ FORMATS: Final[Mapping[str, Format]] = MappingProxyType(
 _HISTORY_FIELD: Final = MappingProxyType(
     {"chat": "messages", "responses": "input", "messages": "messages"})
 
-# Canary kinds as the fidelity harness (or a person) may name them -> the probe asked.
+# Canary kinds as the fidelity harness (proxy.testing.fidelity.KINDS) or a person may name them
+# -> the probe that asks about them. Kinds not here get a probe of their own kind.
 _KIND_ALIASES: Final = MappingProxyType({
     "recall": "recall", "error": "recall", "fix": "recall",
     "artifact": "artifact", "file": "artifact", "files": "artifact", "path": "artifact",
+    "deleted_file": "artifact", "edited_file": "artifact", "created_file": "artifact",
     "continuation": "continuation", "next": "continuation", "next_step": "continuation",
-    "plan": "continuation",
+    "plan": "continuation", "todo": "continuation",
     "decision": "decision", "why": "decision", "rationale": "decision",
 })
+# One question per probe kind; every canary of the kind is expected in its answer (a decision
+# is asked about one at a time: "why did we choose X?" needs its X).
+_QUESTIONS: Final = MappingProxyType({
+    "recall": "What were the exact error messages we ran into, and how did we fix them?",
+    "artifact": "Which files did you create, modify or delete in this session? List their paths.",
+    "continuation": "What are the next steps we planned and have not done yet? Be specific.",
+    "goal": "What is the goal of this session? State it as the user did.",
+    "constraint": "What hard rules or constraints did the user set? Quote them exactly.",
+    "preference": "What preferences did the user state about how to work? Quote them exactly.",
+    "request": "What did the user ask for besides the main goal? Quote it exactly.",
+    "identifier": "Which function, class or constant names came up as important? Give them exactly.",
+    "number": "Which measured figures (latencies, counts, sizes) came up? Give them exactly.",
+})
+_SIZE_MODEL: Final = "gpt-4o"  # whose tokenizer sizes the histories in the results
+_ORDER: Final = ("recall", "artifact", "continuation", "decision")
 _ANSWER_HINT: Final = ("Answer from the conversation above only, briefly; quote names, paths and "
                        "messages exactly as they appeared.")
 # Words that never make a key token: they would let any fluent answer score partially.
@@ -110,21 +130,24 @@ _GRADE_PATTERNS: Final = (
 @dataclass(frozen=True, slots=True)
 class Canary:
     """A fact planted in a session. ``text``: the exact string an answer must contain;
-    ``subject``: what it is about (the X of "why did we choose X?"); ``tokens``: its key tokens
-    for partial credit (derived from ``text`` when empty); ``extra``: further strings the same
-    probe expects (a recall canary's fix, say)."""
+    ``pattern``: a regex that counts as containing it too (a deleted file's path next to
+    "deleted" when ``text`` is the ``rm`` command); ``subject``: what it is about (the X of "why
+    did we choose X?"); ``tokens``: its key tokens for partial credit (derived from ``text``
+    when empty); ``extra``: further strings the same probe expects (a recall canary's fix)."""
 
     kind: str
     text: str
     subject: str = ""
     tokens: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
+    pattern: str = ""
 
 
 def as_canary(value: Any) -> Canary:
-    """A :class:`Canary` from one, a mapping or an object, reading the first present of the
-    usual names (``kind``/``type``, ``text``/``value``/``string``/``canary``/``expected``,
-    ``subject``/``about``/``label``/``name``, ``tokens``/``key_tokens``)."""
+    """A :class:`Canary` from one, a mapping or an object (the fidelity harness's), reading the
+    first present of the usual names (``kind``/``type``, ``text``/``value``/``string``/
+    ``canary``/``expected``, ``subject``/``about``/``label``, ``tokens``/``key_tokens``,
+    ``extra``/``fix``, ``pattern``)."""
     if isinstance(value, Canary):
         return value
 
@@ -141,22 +164,26 @@ def as_canary(value: Any) -> Canary:
         raise ValueError(f"a canary needs a text: {value!r}")
     tokens = get("tokens", "key_tokens")
     extra = get("extra", "fix")
+    pattern = get("pattern")
     return Canary(
         kind=str(getattr(kind, "value", kind) or "recall"), text=text,
-        subject=str(get("subject", "about", "label", "name") or ""),
+        subject=str(get("subject", "about", "label") or ""),
         tokens=tuple(str(t) for t in tokens) if isinstance(tokens, list | tuple) else (),
-        extra=(extra,) if isinstance(extra, str) else tuple(str(e) for e in extra or ()))
+        extra=(extra,) if isinstance(extra, str) else tuple(str(e) for e in extra or ()),
+        pattern=pattern if isinstance(pattern, str) else "")
 
 
 @dataclass(frozen=True, slots=True)
 class Probe:
     """One question and what a faithful answer contains."""
 
-    kind: str  # recall | artifact | continuation | decision | the canary's own kind
+    kind: str  # recall | artifact | continuation | decision | the canaries' own kind
     question: str
     expected: tuple[str, ...]  # every one present -> full marks
     tokens: tuple[str, ...]  # key tokens for partial credit
     reference: str  # the reference answer shown to a judge
+    # Per expected string, a regex that counts as it ("": none).
+    patterns: tuple[str, ...] = ()
 
 
 def key_tokens(text: str) -> tuple[str, ...]:
@@ -170,38 +197,50 @@ def key_tokens(text: str) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def _probe(kind: str, question: str, canaries: Sequence[Canary],
+           expected: Sequence[tuple[str, str]] | None = None) -> Probe:
+    """A probe expecting every canary's text (and extra strings), or ``expected`` (string,
+    pattern) pairs instead; key tokens per canary: its own, else derived from what it expects."""
+
+    def texts(c: Canary) -> list[str]:
+        return [e for e, _ in expected] if expected is not None else [c.text, *c.extra]
+
+    pairs = list(expected) if expected is not None else [
+        pair for c in canaries for pair in ((c.text, c.pattern), *((e, "") for e in c.extra))]
+    tokens = tuple(dict.fromkeys(
+        t for c in canaries for t in (c.tokens or key_tokens(" ".join(texts(c))))))
+    reference = "; ".join(f"{c.text}{f' ({c.subject})' if c.subject else ''}"
+                          f"{''.join(f'; {e}' for e in c.extra)}" for c in canaries)
+    return Probe(kind, f"{question} {_ANSWER_HINT}", tuple(e for e, _ in pairs), tokens,
+                 reference, tuple(p for _, p in pairs))
+
+
 def probes_for(canaries: Sequence[Any]) -> list[Probe]:
-    """The probes a checkpoint's canaries call for: one per canary, except the artifact
-    canaries (file paths), which share one "which files" probe."""
-    out: list[Probe] = []
-    files: list[Canary] = []
+    """The probes a checkpoint's canaries call for: one per probe kind (recall: the errors and
+    their fixes; artifact: the files; continuation: the open steps; any other kind its own),
+    every canary of the kind expected in its answer; one per decision."""
+    groups: dict[str, list[Canary]] = {}
     for canary in map(as_canary, canaries):
         kind = _KIND_ALIASES.get(canary.kind.lower(), canary.kind.lower())
-        if kind == "artifact":
-            files.append(canary)
-            continue
-        expected = (canary.text, *canary.extra)
-        tokens = canary.tokens or key_tokens(" ".join(expected))
-        subject = canary.subject
-        if kind == "recall":
-            question = (f"What was the exact error message{f' about {subject}' if subject else ''}"
-                        " we ran into, and how did we fix it?")
-        elif kind == "continuation":
-            question = "What is the next step we planned? Be specific."
-        elif kind == "decision":
-            question = f"Why did we choose {subject or 'that approach'}?"
+        groups.setdefault(kind, []).append(canary)
+    out: list[Probe] = []
+    for kind in sorted(groups, key=lambda k: (_ORDER.index(k) if k in _ORDER else len(_ORDER))):
+        group = groups[kind]
+        if kind == "decision":
+            for c in group:
+                # "keep X, because Y": asked why X, answered by Y.
+                choice, because, reason = c.text.partition(" because ")
+                subject = c.subject or (choice.rstrip(" ,") if because else "that approach")
+                expected = [(reason, "")] if because and not c.subject else None
+                out.append(_probe(kind, f"Why did we choose to {subject}?"
+                                  if not c.subject and because else
+                                  f"Why did we choose {subject}?", [c], expected))
+        elif len(group) == 1 and group[0].subject and kind not in _QUESTIONS:
+            out.append(_probe(kind, f"What was {group[0].subject}? Quote it exactly.", group))
         else:
-            question = f"What was {subject or f'the {kind}'}? Quote it exactly."
-        out.append(Probe(kind, f"{question} {_ANSWER_HINT}", expected, tokens,
-                         " ".join(expected)))
-    if files:
-        paths = tuple(c.text for c in files)
-        # A path's key tokens are its components: "src/tenant.py" partly recalled as "tenant.py".
-        tokens = tuple(dict.fromkeys(t for c in files for t in c.tokens or key_tokens(c.text)))
-        question = "Which files did you create, modify or delete in this session? List their paths."
-        out.append(Probe("artifact", f"{question} {_ANSWER_HINT}", paths, tokens,
-                         "; ".join(f"{c.text}{f' ({c.subject})' if c.subject else ''}"
-                                   for c in files)))
+            question = _QUESTIONS.get(kind, f"What {kind.replace('_', ' ')} came up in this "
+                                            "session? Quote it exactly.")
+            out.append(_probe(kind, question, group))
     return out
 
 
@@ -214,12 +253,15 @@ def _normal(text: str) -> str:
 
 
 def rubric(probe: Probe, answer: str | None) -> float:
-    """1 when the answer contains every expected string (case and whitespace aside); 0.5 when it
-    has one of them, or at least half of the probe's key tokens; else 0."""
+    """1 when the answer contains every expected string (case and whitespace aside, or matching
+    its pattern); 0.5 when it has one of them, or at least half of the probe's key tokens;
+    else 0."""
     if not answer:
         return 0.0
     said = _normal(answer)
-    present = [_normal(e) in said for e in probe.expected]
+    patterns = probe.patterns or ("",) * len(probe.expected)
+    present = [_normal(e) in said or bool(p and re.search(p, answer, re.I))
+               for e, p in zip(probe.expected, patterns, strict=True)]
     if present and all(present):
         return 1.0
     if any(present):
@@ -415,12 +457,13 @@ class ChatClient:
 
 
 class CheckpointLike(Protocol):
+    """What a checkpoint has, besides the client's history: ``full_body`` (the harness's name)
+    or ``full_messages``, a body or a bare history in the checkpoint's format."""
+
     @property
     def format(self) -> str: ...
     @property
     def turn(self) -> int: ...
-    @property
-    def full_messages(self) -> Sequence[Any]: ...
     @property
     def forwarded_body(self) -> Mapping[str, Any] | bytes: ...
     @property
@@ -434,7 +477,7 @@ class Checkpoint:
 
     format: str
     turn: int
-    full_messages: Sequence[Any]
+    full_body: Mapping[str, Any] | Sequence[Any]  # the client's body, or a bare history
     forwarded_body: Mapping[str, Any] | bytes
     canaries: Sequence[Any] = ()
 
@@ -465,8 +508,8 @@ class CheckpointResult:
     turn: int
     full_messages: int  # chat messages shown in each condition
     slimmed_messages: int
-    full_chars: int
-    slimmed_chars: int
+    full_tokens: int  # counted as for gpt-4o (the proxy's counter): sizes, not the model's own
+    slimmed_tokens: int
     results: tuple[ProbeResult, ...] = field(default=())
 
     def mean(self, condition: Condition, what: Literal["score", "grade"] = "score") -> float | None:
@@ -494,16 +537,25 @@ async def ask(client: ChatClient, probe: Probe, history: Sequence[Message],
                   prompt_tokens=done.prompt_tokens)
 
 
-def _chars(messages: Sequence[Message]) -> int:
-    return sum(len(_text(m.get("content"))) + len(_calls_text(m)) for m in messages)
+def histories(checkpoint: CheckpointLike, *, style: Style = "text"
+              ) -> tuple[list[Message], list[Message]]:
+    """The checkpoint's full and slimmed histories as chat messages."""
+    full = getattr(checkpoint, "full_body", None)
+    if full is None:
+        full = getattr(checkpoint, "full_messages", None)
+    if full is None:
+        raise TypeError(f"a checkpoint needs full_body or full_messages: {checkpoint!r}")
+    return (chat_messages(checkpoint.format, full, style=style),
+            chat_messages(checkpoint.format, checkpoint.forwarded_body, style=style))
 
 
 async def run_checkpoint(client: ChatClient, checkpoint: CheckpointLike, *, judge: bool = False,
-                         style: Style = "text", concurrency: int = 1) -> CheckpointResult:
+                         style: Style = "text", concurrency: int = 1,
+                         counter: TokenCounter | None = None) -> CheckpointResult:
     """Every probe of ``checkpoint`` asked with the full and with the slimmed history.
     ``concurrency``: requests in flight (1 suits a local model on a few cores)."""
-    full = chat_messages(checkpoint.format, checkpoint.full_messages, style=style)
-    slimmed = chat_messages(checkpoint.format, checkpoint.forwarded_body, style=style)
+    counter = counter or TokenCounter()
+    full, slimmed = histories(checkpoint, style=style)
     probes = probes_for(checkpoint.canaries)
     gate = asyncio.Semaphore(max(1, concurrency))
 
@@ -517,7 +569,8 @@ async def run_checkpoint(client: ChatClient, checkpoint: CheckpointLike, *, judg
     results = tuple(ProbeResult(p, answers[2 * i], answers[2 * i + 1])
                     for i, p in enumerate(probes))
     return CheckpointResult(checkpoint.format, checkpoint.turn, len(full), len(slimmed),
-                            _chars(full), _chars(slimmed), results)
+                            counter.count_messages(full, _SIZE_MODEL),
+                            counter.count_messages(slimmed, _SIZE_MODEL), results)
 
 
 def format_table(results: Sequence[CheckpointResult], *, answers: bool = False) -> str:
@@ -547,5 +600,5 @@ def format_table(results: Sequence[CheckpointResult], *, answers: bool = False) 
             f"{cp.format:<9} {cp.turn:>4} {'mean':<12} {mean(cp.mean('full')):>10} "
             f"{mean(cp.mean('slimmed')):>7} {mean(cp.mean('full', 'grade')):>10} "
             f"{mean(cp.mean('slimmed', 'grade')):>7}  history {cp.full_messages} msgs / "
-            f"{cp.full_chars} chars full, {cp.slimmed_messages} / {cp.slimmed_chars} slimmed")
+            f"{cp.full_tokens} tokens full, {cp.slimmed_messages} / {cp.slimmed_tokens} slimmed")
     return "\n".join(lines)
