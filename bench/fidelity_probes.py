@@ -4,8 +4,10 @@ ctxproxy forwarded (issue 20; :mod:`proxy.testing.probes`).
     python bench/fidelity_probes.py --model-url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-8B
     python bench/fidelity_probes.py --smollm2        # starts llama.cpp's server on SmolLM2-135M
 
-Checkpoints come from the fidelity harness (``proxy.testing.fidelity``: its ``checkpoints()``)
-when it is there and ``--builtin`` is not given; else from a small built-in session: an agent
+Checkpoints come from the fidelity harness (``proxy.testing.fidelity``: its session replayed
+by ``replay()`` in each format, summarizer in ``fallback`` mode, a small window) when it is in
+the tree and ``--builtin`` is not given; only those whose full history fits the model are asked
+(``--max-prompt-tokens``), the last per format by default. Else from a small built-in session: an agent
 fixing a failing test suite (an error deep in a long test log, three files touched, a decision,
 a planned next step), in each wire format, sent through a real ctxproxy (offload tightened so a
 session this short is slimmed) in front of a fake upstream that records what was forwarded.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import importlib.util
 import json
 import os
@@ -32,6 +35,7 @@ import httpx
 
 from proxy.app import create_app
 from proxy.config import config_from_mapping
+from proxy.pipeline.tokens import TokenCounter
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.probes import (
     Canary,
@@ -40,6 +44,7 @@ from proxy.testing.probes import (
     CheckpointLike,
     CheckpointResult,
     format_table,
+    histories,
     run_checkpoint,
 )
 from proxy.testing.servers import serve_in_thread
@@ -171,25 +176,57 @@ def builtin_checkpoints(formats: Sequence[str]) -> list[Checkpoint]:
                                headers={"authorization": "Bearer sk-bench", "x-api-key": "sk-bench"})
                 r.raise_for_status()
                 forwarded = fake.received[-1].json()
-                out.append(Checkpoint(fmt, len(body[field]),
-                                      body if fmt == "messages" else body[field],
-                                      forwarded, CANARIES))
+                out.append(Checkpoint(fmt, len(body[field]), body, forwarded, CANARIES))
             proxy.drain()
     return out
 
 
-def harness_checkpoints() -> list[CheckpointLike] | None:
-    """The fidelity harness's checkpoints, when it is on this tree; None otherwise."""
+def harness_checkpoints(formats: Sequence[str], args: argparse.Namespace
+                        ) -> list[CheckpointLike] | None:
+    """The fidelity harness's checkpoints (its session replayed in each format, summarizer in
+    ``fallback`` mode), when ``proxy.testing.fidelity`` is in this tree; None otherwise."""
     if importlib.util.find_spec("proxy.testing.fidelity") is None:
         return None
-    from proxy.testing import fidelity  # the other half of issue 20, when merged
+    fidelity: Any = importlib.import_module("proxy.testing.fidelity")  # the other half of issue 20
 
-    found = getattr(fidelity, "checkpoints", None)
-    if not callable(found):
-        print("# proxy.testing.fidelity has no checkpoints(): using the built-in session",
+    if not (hasattr(fidelity, "replay") and hasattr(fidelity, "build_script")):
+        print("# proxy.testing.fidelity has no replay()/build_script(): the built-in session",
               file=sys.stderr)
         return None
-    return list(found())
+
+    async def run() -> list[CheckpointLike]:
+        script = fidelity.build_script(scale=args.scale, fillers=args.fillers)
+        fake = FakeUpstream()
+        out: list[CheckpointLike] = []
+        with serve_in_thread(fake) as up, tempfile.TemporaryDirectory() as tmp:
+            for fmt in formats:
+                run = await fidelity.replay(fmt, "fallback", fake=fake,
+                                            upstream_url=up.url + "/v1", data_dir=Path(tmp) / fmt,
+                                            script=script, window=args.window)
+                out += run.checkpoints
+        return out
+
+    return asyncio.run(run())
+
+
+def pick(checkpoints: Sequence[CheckpointLike], how: str, max_tokens: int | None,
+         style: str) -> list[CheckpointLike]:
+    """The checkpoints to ask about: those whose full history fits the model (``max_tokens``,
+    counted as for gpt-4o: an estimate of any model's), all of them or the last per format."""
+    counter = TokenCounter()
+    fitting: list[CheckpointLike] = []
+    for cp in checkpoints:
+        full, _ = histories(cp, style="native" if style == "native" else "text")
+        size = counter.count_messages(full, "gpt-4o")
+        if max_tokens is None or size <= max_tokens:
+            fitting.append(cp)
+        else:
+            print(f"# skipped {cp.format} turn {cp.turn}: full history {size} tokens > "
+                  f"{max_tokens}", file=sys.stderr)
+    if how == "all":
+        return fitting
+    last = {cp.format: cp for cp in fitting}
+    return list(last.values())
 
 
 def free_port() -> int:
@@ -262,6 +299,14 @@ def main() -> None:
                     help="tool calls and results as text (any template) or as chat tool messages")
     ap.add_argument("--formats", default="chat,responses,messages")
     ap.add_argument("--builtin", action="store_true", help="the built-in session, not the harness's")
+    ap.add_argument("--checkpoints", choices=("last", "all"), default="last",
+                    help="ask at every checkpoint that fits, or at the last one per format")
+    ap.add_argument("--max-prompt-tokens", type=int,
+                    help="skip checkpoints whose full history is longer (default with --smollm2: "
+                         "its context less the answer)")
+    ap.add_argument("--window", type=int, default=8000, help="harness: the proxy's window")
+    ap.add_argument("--scale", type=int, default=1, help="harness: file-read size factor")
+    ap.add_argument("--fillers", type=int, default=1, help="harness: ordinary steps between plants")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=1)
@@ -270,11 +315,17 @@ def main() -> None:
     if not args.model_url and not args.smollm2:
         ap.error("give --model-url URL (and --model NAME), or --smollm2")
 
-    checkpoints: Sequence[CheckpointLike] | None = None if args.builtin else harness_checkpoints()
+    formats = args.formats.split(",")
+    found = None if args.builtin else harness_checkpoints(formats, args)
     source = "fidelity harness"
-    if checkpoints is None:
-        checkpoints, source = builtin_checkpoints(args.formats.split(",")), "built-in session"
-    print(f"# {len(checkpoints)} checkpoints ({source}); model {args.model}; judge {args.judge}")
+    if found is None:
+        found, source = list(builtin_checkpoints(formats)), "built-in session"
+    limit = args.max_prompt_tokens
+    if limit is None and args.smollm2:
+        limit = args.n_ctx - args.max_tokens - 300  # the question and the template's tokens
+    checkpoints = pick(found, args.checkpoints, limit, args.style)
+    print(f"# {len(checkpoints)} of {len(found)} checkpoints ({source}); model {args.model}; "
+          f"judge {args.judge}")
     started = time.perf_counter()
     if args.smollm2:
         with llama_server(smollm2_gguf(), args.n_ctx) as url:

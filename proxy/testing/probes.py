@@ -88,7 +88,7 @@ _HISTORY_FIELD: Final = MappingProxyType(
 # -> the probe that asks about them. Kinds not here get a probe of their own kind.
 _KIND_ALIASES: Final = MappingProxyType({
     "recall": "recall", "error": "recall", "fix": "recall",
-    "artifact": "artifact", "file": "artifact", "files": "artifact", "path": "artifact",
+    "artifact": "artifact", "file": "artifact", "files": "artifact",
     "deleted_file": "artifact", "edited_file": "artifact", "created_file": "artifact",
     "continuation": "continuation", "next": "continuation", "next_step": "continuation",
     "plan": "continuation", "todo": "continuation",
@@ -104,6 +104,7 @@ _QUESTIONS: Final = MappingProxyType({
     "constraint": "What hard rules or constraints did the user set? Quote them exactly.",
     "preference": "What preferences did the user state about how to work? Quote them exactly.",
     "request": "What did the user ask for besides the main goal? Quote it exactly.",
+    "path": "Which file paths came up as important? Give them exactly.",
     "identifier": "Which function, class or constant names came up as important? Give them exactly.",
     "number": "Which measured figures (latencies, counts, sizes) came up? Give them exactly.",
 })
