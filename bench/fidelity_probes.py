@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -312,6 +313,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--answers", action="store_true", help="print each answer's first line")
     args = ap.parse_args()
+    # A SIGTERM (timeout, Ctrl-C in some shells) unwinds like an exception, so the
+    # llama_cpp.server child is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.model_url and not args.smollm2:
         ap.error("give --model-url URL (and --model NAME), or --smollm2")
 

@@ -36,7 +36,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, Literal, Protocol, Self
 
@@ -64,6 +64,7 @@ __all__ = [
     "ask",
     "chat_messages",
     "format_table",
+    "grade",
     "histories",
     "judge_prompt",
     "key_tokens",
@@ -522,20 +523,31 @@ class CheckpointResult:
 async def ask(client: ChatClient, probe: Probe, history: Sequence[Message],
               condition: Condition, *, judge: bool = False) -> Answer:
     """Ask ``probe`` after ``history``; score the answer, and grade it when ``judge``."""
+    answer = await _answer(client, probe, history, condition)
+    return await grade(client, probe, answer) if judge else answer
+
+
+async def _answer(client: ChatClient, probe: Probe, history: Sequence[Message],
+                  condition: Condition) -> Answer:
     try:
         done = await client.complete([*history, {"role": "user", "content": probe.question}])
     except ProbeError as exc:
         log.warning("probe %s (%s) failed: %s", probe.kind, condition, exc)
         return Answer(condition, None, 0.0, error=str(exc))
-    grade: float | None = None
-    if judge:
-        try:
-            verdict = await client.complete(judge_prompt(probe, done.text), max_tokens=16)
-            grade = parse_grade(verdict.text)
-        except ProbeError as exc:
-            log.warning("judging %s (%s) failed: %s", probe.kind, condition, exc)
-    return Answer(condition, done.text, rubric(probe, done.text), grade, ms=done.ms,
+    return Answer(condition, done.text, rubric(probe, done.text), ms=done.ms,
                   prompt_tokens=done.prompt_tokens)
+
+
+async def grade(client: ChatClient, probe: Probe, answer: Answer) -> Answer:
+    """``answer`` with the judge's 0-5 grade (None when it failed or gave none)."""
+    if answer.text is None:
+        return answer
+    try:
+        verdict = await client.complete(judge_prompt(probe, answer.text), max_tokens=16)
+    except ProbeError as exc:
+        log.warning("judging %s (%s) failed: %s", probe.kind, answer.condition, exc)
+        return answer
+    return replace(answer, grade=parse_grade(verdict.text))
 
 
 def histories(checkpoint: CheckpointLike, *, style: Style = "text"
@@ -562,13 +574,23 @@ async def run_checkpoint(client: ChatClient, checkpoint: CheckpointLike, *, judg
 
     async def one(probe: Probe, history: list[Message], condition: Condition) -> Answer:
         async with gate:
-            return await ask(client, probe, history, condition, judge=judge)
+            return await _answer(client, probe, history, condition)
 
+    async def judged(probe: Probe, answer: Answer) -> Answer:
+        async with gate:
+            return await grade(client, probe, answer)
+
+    # Every question after the full history, then every one after the slimmed, then the
+    # judgements: consecutive requests share the longest prefix, which a server's prompt cache
+    # (llama.cpp's, vLLM's prefix caching) reuses instead of reading the history again.
     conditions: tuple[tuple[list[Message], Condition], ...] = (
         (full, "full"), (slimmed, "slimmed"))
-    answers = await asyncio.gather(*(one(p, h, c) for p in probes for h, c in conditions))
-    results = tuple(ProbeResult(p, answers[2 * i], answers[2 * i + 1])
-                    for i, p in enumerate(probes))
+    answers = await asyncio.gather(*(one(p, h, c) for h, c in conditions for p in probes))
+    if judge:
+        answers = await asyncio.gather(*(judged(probes[i % len(probes)], a)
+                                         for i, a in enumerate(answers)))
+    n = len(probes)
+    results = tuple(ProbeResult(p, answers[i], answers[n + i]) for i, p in enumerate(probes))
     return CheckpointResult(checkpoint.format, checkpoint.turn, len(full), len(slimmed),
                             counter.count_messages(full, _SIZE_MODEL),
                             counter.count_messages(slimmed, _SIZE_MODEL), results)
