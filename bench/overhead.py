@@ -10,6 +10,12 @@ instead of chat completions, ``--api responses`` small OpenAI Responses requests
 (``/v1/responses``), ``--api both`` chat and Messages interleaved in one run (``msg`` and
 ``msgstream`` rows), ``--api all`` the three; the bare aiohttp pass-through serves the OpenAI
 formats only.
+
+``--tools`` makes every request declare a tool of the client's own (as agents do): the proxy then
+offers its read tool and answers through its read loop (README "Retrieval"), though the model
+never calls it. ``--baseline DIR`` adds a ``base`` mode: a second proxy run from the source tree
+``DIR`` (e.g. a worktree of an earlier commit), measured interleaved with the rest, so a change's
+before and after share one run.
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ RESPONSES_BODY = {"model": "gpt-4o-mini", "store": False,
                   "input": [{"type": "message", "role": "user", "content": "Say hi."}]}
 MESSAGES_BODY = {"model": "claude-haiku-4-5", "max_tokens": 64,
                  "messages": [{"role": "user", "content": "Say hi."}]}
+# A client's own tool, in each format's shape (--tools).
+_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
+CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command.",
+                                                "parameters": _SCHEMA}}]
+RESPONSES_TOOLS = [{"type": "function", "name": "bash", "description": "Run a command.",
+                    "parameters": _SCHEMA}]
+MESSAGES_TOOLS = [{"name": "Bash", "description": "Run a command.", "input_schema": _SCHEMA}]
 LUA = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -76,6 +89,13 @@ def _ms(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far (Linux /proc): what a request costs the proxy
+    whatever else the machine runs (wall-clock figures are not, on a shared machine)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wrk(url: str, script: Path, duration: int, connections: int) -> dict[str, float]:
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script), url],
@@ -88,6 +108,7 @@ def wrk(url: str, script: Path, duration: int, connections: int) -> dict[str, fl
     sock_err = re.search(r"Socket errors: (.*)", out)
     return {
         "rps": rps, "p50": p50, "p99": p99,
+        "requests": float(re.search(r"(\d+) requests in", out).group(1)),  # type: ignore[union-attr]
         "non2xx": float(errors.group(1)) if errors else 0.0,
         "sock_errors": 1.0 if sock_err else 0.0,
     }
@@ -102,13 +123,17 @@ def main() -> None:
     ap.add_argument("--api", choices=("chat", "responses", "messages", "both", "all"),
                     default="chat", help="chat completions, OpenAI Responses, Anthropic Messages, "
                     "chat and Messages interleaved (both), or all three")
+    ap.add_argument("--tools", action="store_true",
+                    help="requests declare a client tool (the proxy's read loop answers them)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="also measure a proxy run from this source tree (mode 'base')")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
 
     tmp = Path(tempfile.mkdtemp(prefix="ctxbench-"))
     fake_port, proxy_port = free_port(), free_port()
-    bare_port = free_port()
+    bare_port, base_port = free_port(), free_port()
     fake = start([sys.executable, "-m", "proxy.testing.fake_upstream", "--port", str(fake_port)])
     bare = start([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"),
                   f"http://127.0.0.1:{fake_port}", str(bare_port)])
@@ -119,27 +144,39 @@ def main() -> None:
         f"storage: {{data_dir: '{tmp / 'data'}'}}\n"
     )
     env = {**os.environ}
-    proxy = start(
-        [sys.executable, "-m", "proxy", "serve", "--config", str(cfg), "--port", str(proxy_port),
-         "--log-level", "warning"],
-        env,
-    )
+
+    def serve(tree: Path, port: int, data: Path) -> subprocess.Popen[str]:
+        # ``python -m proxy`` imports the package of its working directory: the tree's own.
+        conf = data.parent / f"config-{port}.yaml"
+        conf.write_text(cfg.read_text().replace(str(tmp / "data"), str(data)))
+        return subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--config", str(conf), "--port", str(port),
+             "--log-level", "warning"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tree)
+
+    proxy = serve(ROOT, proxy_port, tmp / "data")
+    base = serve(args.baseline.resolve(), base_port, tmp / "base-data") if args.baseline else None
     try:
         wait_http(f"http://127.0.0.1:{fake_port}/v1/models")
         wait_http(f"http://127.0.0.1:{proxy_port}/healthz")
         wait_http(f"http://127.0.0.1:{bare_port}/")
+        if base is not None:
+            wait_http(f"http://127.0.0.1:{base_port}/healthz")
         scripts: dict[str, Path] = {}
         targets: dict[str, dict[str, str]] = {}  # request kind -> mode -> URL
         kinds: list[tuple[str, Any, str]] = []
+        chat, resp, msg = BODY, RESPONSES_BODY, MESSAGES_BODY
+        if args.tools:
+            chat, resp = {**chat, "tools": CHAT_TOOLS}, {**resp, "tools": RESPONSES_TOOLS}
+            msg = {**msg, "tools": MESSAGES_TOOLS}
         if args.api in ("chat", "both", "all"):
-            kinds += [("small", BODY, LUA), ("stream", {**BODY, "stream": True,
+            kinds += [("small", chat, LUA), ("stream", {**chat, "stream": True,
                        "stream_options": {"include_usage": True}}, LUA)]
         if args.api in ("responses", "all"):
-            kinds += [("resp", RESPONSES_BODY, LUA), ("respstream",
-                       {**RESPONSES_BODY, "stream": True}, LUA)]
+            kinds += [("resp", resp, LUA), ("respstream", {**resp, "stream": True}, LUA)]
         if args.api in ("messages", "both", "all"):
-            kinds += [("msg", MESSAGES_BODY, MESSAGES_LUA),
-                      ("msgstream", {**MESSAGES_BODY, "stream": True}, MESSAGES_LUA)]
+            kinds += [("msg", msg, MESSAGES_LUA),
+                      ("msgstream", {**msg, "stream": True}, MESSAGES_LUA)]
         for name, body, lua in kinds:
             path = tmp / f"{name}.lua"
             path.write_text(lua % orjson.dumps(body).decode())
@@ -150,21 +187,29 @@ def main() -> None:
                              "proxy": f"http://127.0.0.1:{proxy_port}{route}"}
             if lua is LUA:  # the bare pass-through serves the OpenAI formats only
                 targets[name]["bare"] = f"http://127.0.0.1:{bare_port}{route}"
+            if base is not None:
+                targets[name]["base"] = f"http://127.0.0.1:{base_port}{route}"
         tput: dict[tuple[str, str], list[dict[str, float]]] = {}
         lat: dict[tuple[str, str], list[dict[str, float]]] = {}
         for kind, script in scripts.items():  # warm-up
             for target in targets[kind].values():
                 wrk(target, script, 1, args.connections)
+        pids = {"proxy": proxy.pid, **({"base": base.pid} if base is not None else {})}
+        cpu: dict[tuple[str, str], list[float]] = {}  # CPU ms per request of the proxy's process
         for _ in range(args.rounds):
             for kind, script in scripts.items():
                 for mode, target in targets[kind].items():
-                    tput.setdefault((kind, mode), []).append(
-                        wrk(target, script, args.duration, args.connections)
-                    )
+                    before = cpu_seconds(pids[mode]) if mode in pids else 0.0
+                    run = wrk(target, script, args.duration, args.connections)
+                    tput.setdefault((kind, mode), []).append(run)
+                    if mode in pids:
+                        cpu.setdefault((kind, mode), []).append(
+                            (cpu_seconds(pids[mode]) - before) * 1000 / max(run["requests"], 1))
                     lat.setdefault((kind, mode), []).append(
                         wrk(target, script, args.duration, args.latency_connections)
                     )
-        print(f"# {args.api}; {args.rounds} rounds x {args.duration}s each, interleaved; "
+        print(f"# {args.api}{' with a client tool' if args.tools else ''}; "
+              f"{args.rounds} rounds x {args.duration}s each, interleaved; "
               "wrk 1 thread; "
               f"{os.cpu_count()} cores shared by wrk, proxy and upstream")
         print(f"# throughput at {args.connections} connections; latency at "
@@ -183,14 +228,22 @@ def main() -> None:
                 print(f"{kind:9} {mode:7} {row[mode]['rps']:9.0f} {row[mode]['p50']:8.2f} "
                       f"{row[mode]['p99']:8.2f} {errs:6.0f}")
             d = row["direct"]
-            for mode in [m for m in ("bare", "proxy") if m in row]:
+            for mode in [m for m in ("bare", "base", "proxy") if m in row]:
                 print(f"{kind:9} {mode:7} ratio {row[mode]['rps'] / d['rps']:.2f}x direct, "
                       f"p50 +{row[mode]['p50'] - d['p50']:.2f} ms, p99 +{row[mode]['p99'] - d['p99']:.2f} ms")
             if "bare" in row:
                 print(f"{kind:9} proxy   vs bare aiohttp pass-through: "
                       f"{row['proxy']['rps'] / row['bare']['rps']:.2f}x throughput")
+            for mode in [m for m in ("base", "proxy") if (kind, m) in cpu]:
+                print(f"{kind:9} {mode:7} CPU {statistics.median(cpu[(kind, mode)]):.3f} ms "
+                      "per request (the proxy's process, throughput runs)")
+            if "base" in row:
+                print(f"{kind:9} proxy   vs base: {row['proxy']['rps'] / row['base']['rps']:.2f}x "
+                      f"throughput, p50 {row['proxy']['p50'] - row['base']['p50']:+.2f} ms")
     finally:
-        for p in (proxy, bare, fake):
+        for p in (proxy, base, bare, fake):
+            if p is None:
+                continue
             p.terminate()
             try:
                 p.wait(5)

@@ -201,10 +201,45 @@ class OffloadConfig(_Section):
         description="batched policy: aged results are re-cut only once re-cutting all of them "
         "saves at least this many bytes (each re-cut discards the provider's prompt cache).",
     )
+    protect_edit_bytes: int = Field(
+        131072,
+        ge=0,
+        description="Quote protection: the newest read of each file the agent edits (or read in "
+        "the newest protect_recent_turns tool-call turns) keeps its stage-1 cut, newest first "
+        "up to this many bytes per request (never more than the window's keep_recent_ratio "
+        "share); 0 turns it off.",
+    )
+    protect_recent_turns: int = Field(
+        4, ge=0, description="Quote protection: reads in this many newest tool-call turns "
+        "count as files being worked on, edited or not."
+    )
     read_tools: dict[str, ReadTool] = Field(
         default_factory=_default_read_tools,
         description="The client's own file-reading tools (name -> argument names): their cut "
         "results point back to that tool and the original path instead of a proxy file.",
+    )
+
+
+class GuardConfig(_Section):
+    enabled: bool = Field(
+        True,
+        description="Pin, in every summary, ledgers the proxy computes itself and carries "
+        "byte-exact from compaction to compaction: the session's goal (its first request and "
+        "restatements), the user's constraints and preferences (verbatim), and the files the "
+        "tool calls changed (README, Compaction).",
+    )
+    goal_bytes: int = Field(
+        1200, ge=400, description="Cap (UTF-8 bytes) on the pinned goal: the first request "
+        "(cut in the middle to 60%) and the newest restatements that fit."
+    )
+    constraints_bytes: int = Field(
+        1600, ge=400, description="Cap (UTF-8 bytes) on the constraints ledger; over it the "
+        "oldest entries fitting half the cap stay, then the newest, and the run between is "
+        "counted as omitted (it is in the dialog archive)."
+    )
+    files_bytes: int = Field(
+        1200, ge=200, description="Cap (UTF-8 bytes) on the file-state ledger; over it the "
+        "files touched least recently are counted as omitted."
     )
 
 
@@ -227,6 +262,10 @@ class CompactionConfig(_Section):
     )
     context_windows: dict[str, int] = Field(
         default_factory=dict, description="Context window per model name, overriding the map."
+    )
+    guard: GuardConfig = Field(
+        default_factory=GuardConfig,
+        description="The compaction guard: ledgers pinned in every summary by the proxy.",
     )
 
 

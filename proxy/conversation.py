@@ -124,23 +124,30 @@ class Conversation:
         rounds = Rounds()
         archived: list[bool] = []
 
+        shared = svc.store.shared is not None
+
         async def finish(done: Rounds) -> None:
-            # A shared store: the answer is archived before the last byte (Archive.record_answer_now).
-            archived.append(await svc.archive.record_answer_now(
-                identity, sent, chains, tap.answer(), writes, done.internal))
+            # The read rounds are kept before the last byte: the next turn replays them.
+            if done.replayable and not parsed.continued:
+                await svc.replays.record(identity, fmt.name, parsed.history, tap.answer(), done,
+                                         writes)
+            if shared:
+                # A shared store: the answer is archived before the last byte too
+                # (Archive.record_answer_now).
+                archived.append(await svc.archive.record_answer_now(
+                    identity, sent, chains, tap.answer(), writes, done.internal))
 
         async def before_end() -> None:
             await writes.drain()
             await finish(rounds)
 
-        shared = svc.store.shared is not None
         if params is not None:
             work = _via_litellm(svc, params, {**body, "messages": forwarded}, extra, scope, send,
                                 tap)
         elif reads and reader is not None:
             loop_body = reader.with_tool(orjson.loads(out))
             work = _via_reads(reader, fmt, svc, scope, send, loop_body, extra, tap, identity,
-                              rounds, writes, out, finish if shared else None, binding)
+                              rounds, writes, out, finish, binding)
         else:
             work = forwarder.forward(
                 scope, send, "POST", fmt.subpath, out, extra=extra,
@@ -158,6 +165,8 @@ class Conversation:
                          identity.session)
         finally:
             writes.finish(disconnected=disconnected)
+            if not rounds.replayable and not parsed.continued:
+                svc.replays.answered(identity, fmt.name, parsed.history, tap.answer())
             svc.archive.record_answer_later(
                 identity, sent, chains, tap.answer(), result.stats, writes, rounds.internal,
                 recorded=any(archived),
@@ -184,6 +193,7 @@ async def _via_reads(
                                        finish=finish, binding=binding)
     timing_of(scope).mark()
     rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
+    rounds.wire, rounds.full, rounds.results = done.wire, done.full, done.results
 
 
 async def _via_litellm(

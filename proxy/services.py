@@ -14,6 +14,7 @@
       pipeline                 the pure stages and their effects, per request
       readers                  the proxy's read tool and its loop, per wire format
       thinking                 the sessions whose thinking blocks need drop_block (Messages)
+      replays                  the loops' rounds, put back on later turns (proxy.rounds)
       writes, usage            what a request may write; disk used per tenant
       background               work after the response, drained on shutdown (and by tests)
       gc                       expiry and disk measurement, at start-up and hourly
@@ -52,6 +53,7 @@ from .retrieval.loop import Reader, ReadLoop
 from .retrieval.messages_loop import MessagesReader
 from .retrieval.responses_loop import ResponsesReader
 from .retrieval.tool import ReadTool
+from .rounds import Replays
 from .store.backend import open_backend
 from .store.db import SessionRow
 from .store.interfaces import (
@@ -137,6 +139,7 @@ class Services:
     pipeline: Pipeline
     readers: Mapping[str, ReadLoop]  # by format name; none when the read tool is off
     thinking: ThinkingBindings
+    replays: Replays  # the read loops' rounds, kept and put back on later turns
     writes: WritePolicy
     usage: DiskUsage
     background: Background
@@ -173,6 +176,7 @@ class Services:
             self.archive.forget()
             self.compactor.forget()
             self.memory.forget()
+            self.replays.forget()
 
     async def close(self) -> None:
         await self.gc.stop()
@@ -278,6 +282,10 @@ async def open_services(
             compactor = Compactor(config.compaction, summaries=summaries, archive=store.dialog,
                                   client=summarizer, windows=windows, shared=store.shared,
                                   facts=memory if isinstance(memory, Memory) else None)
+    # The proxy's read rounds, put back on later turns: only while the proxy runs the tool (a
+    # replayed call of a tool the request does not define would be refused).
+    replays = Replays(store.rounds, cache_bytes=cache // 20)
+    replays.enabled = config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0
     pipeline = Pipeline(
         offloader=Offloader(config.offload, config.retrieval, storage.data_dir,
                             files_url=files_url(config), cache_bytes=cache * 2 // 5),
@@ -289,6 +297,7 @@ async def open_services(
         old_max_bytes=config.offload.old_max_bytes,
         stages=stages,
         memory=memory,
+        replay=replays,
     )
     readers: dict[str, ReadLoop] = {}
     if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
@@ -311,7 +320,7 @@ async def open_services(
         originals=originals, files=store.files, archive=archive, summaries=summaries,
         sessions=sessions, compactor=compactor, memory=memory, pipeline=pipeline,
         readers=readers, thinking=ThinkingBindings(store.sessions, metrics, background),
-        writes=writes, usage=usage, background=background,
+        replays=replays, writes=writes, usage=usage, background=background,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
     )
     services.gc.start(services.collect_garbage)

@@ -6,13 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.app import create_app
+from proxy.compaction.guard import parse_ledgers
 from proxy.compaction.message import SUMMARY_HEADING
+from proxy.compaction.prompt import content_text
+from proxy.formats import json
 from proxy.pipeline.notice import parse_notice
 from proxy.testing.codex import Recording, ShellScript, codex_binary, run_codex, write_codex_home
-from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import serve_in_thread
 
 from .conftest import proxy_config
@@ -82,6 +86,63 @@ def test_codex_session_is_offloaded_aged_and_compacted(
                       for i in s["input"]) for s in forwarded]
     assert any(summarized), "no forwarded request carried a summary"
     assert [t.headers["x-ctxproxy-compacted"] == "1" for t in app.turns] == summarized
+    # The guard pins the user's own request, not Codex's AGENTS.md or environment messages.
+    summary = next(content_text(i.get("content")) for i in forwarded[-1]["input"]
+                   if i.get("role") == "developer" and SUMMARY_HEADING in str(i.get("content")))
+    pinned = parse_ledgers(summary)
+    assert pinned is not None and pinned.first == "run the steps"
     tokens_in, tokens_out = app.turns[-1].tokens()
     assert tokens_in > WINDOW > tokens_out  # the history outgrew the window; the request did not
     assert forwarded[-1]["input"][-1]["call_id"] == f"call_step_{len(COMMANDS) - 1}"
+
+
+def test_codexs_next_request_gets_the_proxys_read_round_back(
+    fake: FakeUpstream, fake_url: str, tmp_path: Path
+) -> None:
+    """Codex resends the answer without the proxy's read round before it: the proxy puts the
+    round (its reasoning item, call and output) back in front of the answer, as it sent them."""
+    assert CODEX is not None
+    steps: list[str] = []
+
+    def model(body: dict[str, Any]) -> Reply:
+        if "input" not in body:
+            return Reply(content=SUMMARY)
+        last = body["input"][-1]
+        offered = any(t.get("name") == "read_offloaded" for t in body.get("tools") or [])
+        args = {"max_output_tokens": 100_000, "yield_time_ms": 10_000}
+        if not steps:
+            steps.append("seq")
+            return Reply(content=None, reasoning="I count", tool_calls=[
+                {"name": "exec_command", "id": "call_step_0", "arguments": {"cmd": "seq 1 40000", **args}}])
+        if offered and steps == ["seq"]:
+            steps.append("read")
+            return Reply(content=None, reasoning="the middle was cut; I read on", tool_calls=[
+                {"name": "read_offloaded", "id": "call_ours",
+                 "arguments": {"file_path": "tool_result/x.txt"}}])
+        if last.get("call_id") == "call_ours":
+            steps.append("answer")
+            return Reply(content=None, reasoning="one more command", tool_calls=[
+                {"name": "exec_command", "id": "call_step_1", "arguments": {"cmd": "echo done", **args}}])
+        steps.append("final")
+        return Reply(content="All steps done.", reasoning="every step ran")
+
+    fake.responder = model
+    app = Recording(create_app(proxy_config(fake_url, tmp_path / "data", CONFIG)))
+    with serve_in_thread(app, lifespan="on") as srv:
+        write_codex_home(tmp_path / "home", srv.url, MODEL)
+        done = run_codex(CODEX, tmp_path / "home", tmp_path / "work", "run the steps")
+        srv.drain()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert steps == ["seq", "read", "answer", "final"]
+    raw = [r.body for r in fake.received if r.path.endswith("/responses")]
+    items = [[bytes(i) for i in json.array_items(json.members(b)["input"])] for b in raw]
+    loop, later = items[2], items[3]  # the loop's own second round; Codex's next request
+    internal = loop[len(items[1]):]
+    assert [orjson.loads(i)["type"] for i in internal] == [
+        "reasoning", "function_call", "function_call_output"]
+    at = later.index(internal[0])
+    assert later[at:at + 3] == internal  # byte for byte
+    answer = [orjson.loads(i) for i in later[at + 3:at + 5]]
+    assert [(i["type"], i.get("call_id")) for i in answer] == [
+        ("reasoning", None), ("function_call", "call_step_1")]  # then the answer Codex has
+    assert pairs_problems([orjson.loads(i) for i in later]) == []

@@ -88,9 +88,10 @@ class Model:
         n = len(messages)
         last = messages[-1]["content"]
         notice = next((b for b in last if isinstance(b, dict) and b.get("type") == "tool_result"
+                       and not str(b.get("tool_use_id")).startswith("toolu_r")
                        and "read_offloaded" in str(b.get("content"))), None) if isinstance(
             last, list) else None
-        if self.reads and notice is not None and n % 3 == 0:
+        if self.reads and notice is not None:  # once per output: not its read's result
             self.read_calls += 1
             path = str(notice["content"]).split("file_path=", 1)[1].split()[0]
             return Reply(content=None, reasoning=f"I read more of {path}", tool_calls=[
@@ -150,10 +151,11 @@ def checking() -> Iterator[tuple[FakeUpstream, str]]:
         yield fake, upstream.url
 
 
-def proxies(fake_url: str, data: Path, n: int = 1, **overrides: Any) -> Iterator[ServerThread]:
+def proxies(fake_url: str, data: Path, n: int = 1, window: int = 30_000,
+            **overrides: Any) -> Iterator[ServerThread]:
     for i in range(n):
         config = proxy_config(fake_url + "/v1", data / f"r{i}", {
-            "compaction": {"context_windows": {MODEL: 30_000}}, **overrides})
+            "compaction": {"context_windows": {MODEL: window}}, **overrides})
         yield serve_in_thread(create_app(config), lifespan="on")
 
 
@@ -226,3 +228,24 @@ def test_two_replicas_on_postgres_forward_the_same_bytes(
         run([a.url, b.url], ["huge", "large", "huge", "medium", "large", "huge", "large",
                              "huge", "large"])
     no_refusals(fake)
+
+
+def test_the_read_tools_rounds_refuse_nothing(
+    checking: tuple[FakeUpstream, str], tmp_path: Path
+) -> None:
+    """The model reads offloaded outputs with the proxy's tool: the client never sees those
+    rounds, so the next turn's history lacks them, and the answer's thinking was produced
+    after them. The proxy puts them back (pipeline.replay) within an epoch, and leaves them
+    out, with the answer's thinking, once a compaction began a new one."""
+    fake, url = checking
+    model = Model(fake, reads=True)
+    [srv] = proxies(url, tmp_path, window=90_000)  # epochs of a few turns
+    with srv:
+        run([srv.url], ["huge", "small", "huge", "medium", "huge", "small", "huge", "medium",
+                        "huge", "small", "huge", "medium"])
+    no_refusals(fake)
+    assert model.read_calls >= 4 and model.summaries >= 1
+    # Some turn carried a replayed round of an earlier answer: the proxy's call, then the answer.
+    assert any(any(b.get("name") == "read_offloaded" for m in body["messages"][:-2]
+                   if m["role"] == "assistant" for b in m["content"])
+               for body in forwarded(fake))

@@ -54,6 +54,10 @@ MISMATCH = ("messages.1.content.0: Invalid `signature` in `thinking` block. The 
             "`thinking.block_binding.prefix_mismatch_behavior` to \"drop_block\".")
 DROP = {"prefix_mismatch_behavior": "drop_block"}
 
+# The migrations that add the session's thinking flag (SQLite, PostgreSQL).
+THINKING_VERSION = 4
+PG_THINKING_VERSION = 3
+
 
 def mismatch(where: str = "messages.1.content.0") -> Reply:
     message = MISMATCH.replace("messages.1.content.0", where)
@@ -465,10 +469,10 @@ def test_sqlite_keeps_the_flag_and_migrates_an_older_database(tmp_path: Path) ->
     path = db_path(tmp_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     old = sqlite3.connect(path)
-    for step in MIGRATIONS[:-1]:
+    for step in MIGRATIONS[:THINKING_VERSION - 1]:  # the database before the flag
         for statement in step:
             old.execute(statement)
-    old.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
+    old.execute(f"PRAGMA user_version={THINKING_VERSION - 1}")
     old.execute("INSERT INTO sessions (tenant, session, turns, first_seen, last_seen) "
                 "VALUES ('t', 'old', 7, '2026-01-01T00:00:00.000+00:00', "
                 "'2026-01-01T00:00:00.000+00:00')")
@@ -496,7 +500,7 @@ def test_postgres_keeps_the_flag_across_replicas_and_migrates(pg_url: str, tmp_p
     import psycopg
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        assert upgrade(conn, PG_SCHEMA_VERSION - 1) == list(range(1, PG_SCHEMA_VERSION))
+        assert upgrade(conn, PG_THINKING_VERSION - 1) == list(range(1, PG_THINKING_VERSION))
         conn.execute("INSERT INTO sessions (tenant, session, turns, first_seen, last_seen) "
                      "VALUES ('t', 'old', 7, now(), now())")
     config = proxy_config("http://127.0.0.1:9/v1", tmp_path, {"storage": {"url": pg_url}})

@@ -45,6 +45,7 @@ from ..store.interfaces import DialogStore, SharedSummaries, Summaries
 from ..store.summaries import SummaryRecord, markdown_size
 from ..writes import Mode, Writes
 from .client import Complete, SummarizerClient
+from .guard import user_turns
 from .index import SummaryIndex
 from .planner import Plan
 from .prepared import PreparedCompactions
@@ -240,6 +241,8 @@ class Compactor:
             # The verbatim user requests take at most ~5% of the window (~4 chars a token).
             max(1000, min(8000, 4 * self.windows.window(request.model) // 20)),
             (request.identity.memory_scope, request.writes),
+            # The guard numbers turns over the whole history: count those already summarized.
+            user_turns(request.messages[: plan.start]) if self.config.guard.enabled else 0,
         )
 
     async def _summarize_parts(
@@ -254,12 +257,15 @@ class Compactor:
         tokens_before: int,
         user_chars: int,
         memory: tuple[str, Writes | None],
+        turn_base: int,
     ) -> SummaryRecord:
         previous = plan.previous.text if plan.previous is not None else None
         outcome = await summarize(
             complete, previous, evicted,
             per_message_chars=min(2000, user_chars), total_chars=user_chars,
             facts=self.facts is not None,
+            guard=self.config.guard if self.config.guard.enabled else None,
+            turn_base=turn_base,
         )
         if outcome.source == "fallback":
             log.warning("summarizer failed (%s); using a deterministic summary", outcome.error)

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from ..config import GuardConfig
+from .guard import guard_block, strip_guard
 from .prompt import SECTIONS, Message, content_text, shorten, tool_calls
 from .requests import UserRequests, compose_summary, parse_user_block, user_requests_block
 from .sections import REQUIRED, USER_KEY, Section, close_fences, normalise_newlines, split_sections
@@ -256,12 +258,18 @@ def fallback_summary(
     *,
     per_message_chars: int = 2000,
     total_chars: int = 8000,
+    guard: GuardConfig | None = None,
+    turn_base: int = 0,
 ) -> str:
     """A deterministic summary of ``previous`` plus ``evicted`` without any model: the
-    required sections (previous content kept, new items appended) and the user-requests block.
+    required sections (previous content kept, new items appended), the guard's block when
+    ``guard`` is given (:mod:`.guard`) and the user-requests block.
     Always passes :func:`is_valid_summary`."""
     prev_body, _ = parse_user_block(previous) if previous else ("", UserRequests())
     block = user_requests_block(
         previous, evicted, per_message_chars=per_message_chars, total_chars=total_chars
     )
+    if guard is not None:
+        prev_body = strip_guard(prev_body)
+        block = guard_block(previous, evicted, turn_base=turn_base, config=guard) + "\n\n" + block
     return compose_summary(fallback_body(prev_body, evicted), block)

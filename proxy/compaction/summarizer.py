@@ -4,9 +4,10 @@ Everything but the network call, which is injected as ``complete(prompt) -> answ
 :func:`summarize` asks the model for a summary of the evicted turns merged with the previous
 summary, validates it and falls back to a deterministic one when the model fails.
 
-Summary format. Markdown with the headings of :data:`SECTIONS` in that order, then the
-``## User Requests (verbatim)`` block, which the proxy writes itself from the user's messages
-(never the model), so no stated constraint can be lost to a paraphrase. The parts live in:
+Summary format. Markdown with the headings of :data:`SECTIONS` in that order, then (guard on)
+the ``## Pinned by ctxproxy`` block of ledgers and the ``## User Requests (verbatim)`` block,
+both written by the proxy itself (never the model), so no stated constraint can be lost to a
+paraphrase. The parts live in:
 
 - :mod:`.prompt`: the summarizer prompt, :data:`SECTIONS`;
 - :mod:`.sections`: validating and normalising a summary (:func:`summary_problems`,
@@ -14,6 +15,7 @@ Summary format. Markdown with the headings of :data:`SECTIONS` in that order, th
 - :mod:`.requests`: the verbatim user-requests block (:class:`UserRequests`,
   :func:`render_user_requests`, :func:`parse_user_block`, ...);
 - :mod:`.fallback`: the deterministic :func:`fallback_summary`;
+- :mod:`.guard`: the pinned goal, constraints and file-state ledgers;
 - :mod:`.message`: the inserted summary message (:func:`summary_message`) and finding one in a
   client's history (:func:`previous_from_messages`).
 
@@ -27,8 +29,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..config import GuardConfig
 from .facts import split_facts, with_facts
 from .fallback import fallback_body, fallback_summary
+from .guard import guard_block, strip_guard
 from .message import CLOSING_LINE as CLOSING_LINE
 from .message import (
     SUMMARY_HEADING,
@@ -112,6 +116,8 @@ async def summarize(
     total_chars: int = 8000,
     timeout: float | None = None,
     facts: bool = False,
+    guard: GuardConfig | None = None,
+    turn_base: int = 0,
 ) -> SummaryOutcome:
     """Summarize ``evicted`` merged with ``previous`` in one call of ``complete``.
 
@@ -125,11 +131,19 @@ async def summarize(
 
     ``facts`` (long-term memory on): the same call also asks for the durable-facts section
     (:mod:`.facts`), returned apart from the summary; a fallback has none.
+
+    ``guard`` (enabled): both paths also carry the proxy's pinned ledgers (:mod:`.guard`),
+    ``previous``'s merged with ``evicted``'s (``turn_base``: the user turns before ``evicted``),
+    placed after the body and before the user-requests block; any such block the model wrote
+    is removed from its answer first.
     """
     previous = previous_text(previous) or None
     block = user_requests_block(
         previous, evicted, per_message_chars=per_message_chars, total_chars=total_chars
     )
+    if guard is not None:
+        pinned = guard_block(previous, evicted, turn_base=turn_base, config=guard)
+        block = pinned + "\n\n" + block
     prompt = build_prompt(
         previous, evicted, tool_output_chars=tool_output_chars, max_input_chars=max_input_chars
     )
@@ -150,6 +164,8 @@ async def summarize(
             error = f"summarizer returned {type(answer).__name__}, not text"
             break
         body = clean_answer(answer)
+        if guard is not None:
+            body = strip_guard(body)
         problems = summary_problems(body)
         if not problems:
             summary, found = normalize_summary(body), None
@@ -163,6 +179,9 @@ async def summarize(
         if attempt == 1:
             messages = retry_prompt(prompt, answer, problems)
     prev_body, _ = parse_user_block(previous) if previous else ("", UserRequests())
+    if guard is not None:
+        prev_body = strip_guard(prev_body)
     return SummaryOutcome(
         compose_summary(fallback_body(prev_body, evicted), block), "fallback", attempts, error
     )
+

@@ -41,7 +41,7 @@ import orjson
 
 from ..errors import BadRequest
 from ..pipeline.epoch import SIGNED, THINKING_DROPPED
-from ..pipeline.model import NATIVE, Message
+from ..pipeline.model import NATIVE, WIRE, Message
 from ..pipeline.native import COMPACTION
 from . import Parsed, json
 from .body import check_objects, json_type, load_object, require_model
@@ -356,6 +356,9 @@ class _Writer:
 
     def _message(self, group: _Group) -> tuple[json.RawJSON, list[Any]]:
         """The message's bytes and the cache_control markers it carries."""
+        inserted = _inserted(group)
+        if inserted is not None:
+            return inserted
         history = self.parsed.history
         src = group.src
         originals = [k for k, m in group.parts if k is not None and m is history[k]]
@@ -438,6 +441,20 @@ class _Writer:
         elif needs_short:
             marker.pop("ttl", None)
         return marker
+
+
+def _inserted(group: _Group) -> tuple[json.RawJSON, list[Any]] | None:
+    """An assistant message the pipeline put back (the proxy's own read rounds,
+    :mod:`proxy.pipeline.replay`) goes out as the bytes it was forwarded as inside the read
+    loop (``model.WIRE``): its thinking blocks are signed, so they are never re-serialised.
+    None for any other group."""
+    if group.src is not None or group.role != "assistant" or len(group.parts) != 1:
+        return None
+    wire = group.parts[0][1].get(WIRE)
+    if not isinstance(wire, list) or len(wire) != 1 or not isinstance(wire[0], str):
+        return None
+    raw = wire[0].encode()
+    return raw, list(_markers(orjson.loads(raw)))
 
 
 def _lost(sent: list[Any], kept: list[Any]) -> list[Any]:

@@ -20,7 +20,8 @@ items. Reading groups them (each history message stands for a contiguous run of 
 
 Writing back copies every item behind an unchanged message from the client's bytes, rewrites
 only the output text of a cut result, and writes what the pipeline added: a summary (or memory)
-as a ``developer`` message item, a placeholder result for a call left unanswered. An
+as a ``developer`` message item, a placeholder result for a call left unanswered, the proxy's
+read rounds put back (``model.WIRE``) as the items they were sent as. An
 ``additional_tools`` item that compaction would evict is kept right after the summary: the
 tools it makes available must stay available.
 """
@@ -33,7 +34,7 @@ from typing import Any, Final
 import orjson
 
 from ..errors import BadRequest
-from ..pipeline.model import NATIVE, OPAQUE_TOKENS, Message
+from ..pipeline.model import NATIVE, OPAQUE_TOKENS, WIRE, Message
 from ..pipeline.native import COMPACTION, opaque_tokens
 from . import Parsed, json
 from .body import check_objects, json_type, load_object, require_model
@@ -271,6 +272,10 @@ class ResponsesFormat:
                 kept.add(k)
                 cursor = k + 1
                 out += [raw_items[i - offset] for i in parsed.spans[k] if i >= offset]
+                continue
+            wire = m.get(WIRE)
+            if wire:  # put back by the pipeline (the proxy's read rounds): the items as sent
+                out += [item.encode() for item in wire]
                 continue
             if m.get("role") == "tool":
                 k = _find_result(results, m.get("tool_call_id"), cursor)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
     from ..session import Identity
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NATIVE",
     "OPAQUE_TOKENS",
+    "WIRE",
     "FileWrite",
     "Message",
     "PipelineResult",
@@ -39,6 +40,11 @@ Message = dict[str, Any]
 # opaque content (encrypted, not in the message's text) counts as (proxy.pipeline.token_rules).
 NATIVE = "native"
 OPAQUE_TOKENS = "opaque_tokens"
+# A message the pipeline put in that stands for wire items it has the exact bytes of (the
+# proxy's own read rounds, put back by proxy.pipeline.replay): the JSON text of each item, in
+# order. The format writes those bytes as they are; counting ignores the key (the message's
+# model fields are counted as for any message).
+WIRE: Final = "ctxproxy_wire"
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,9 @@ Stage 1 cuts a tool result over `recent_max_bytes + slack_bytes`, whose original
 `tool_result/<id>.txt`; stage 2 cuts results of aged tool-call turns (see `ageing`) down to
 `old_max_bytes` (not when the provider clears old tool results itself, an Anthropic
 `clear_tool_uses` edit, nor results before the provider's newest compaction item, which it no
-longer reads: :mod:`.native`). Both cuts are computed from the original the client resends, so the forwarded
-text depends only on the history and the config: the same history always forwards the same
-bytes. Results of the client's own read tools point back to that tool and the original path.
+longer reads: :mod:`.native`; nor the reads a coming edit will quote: :mod:`.quotes`). Both
+cuts are computed from the original the client resends, so the forwarded text depends only on
+the history and the config: the same history always forwards the same bytes. Results of the client's own read tools point back to that tool and the original path.
 
 The stage returns the originals its cuts point at as effects (:class:`FileWrite`); the runner
 saves the ones not on disk yet before the request is forwarded, and forwards uncut a result
@@ -29,9 +29,11 @@ from ..session import Identity
 from ..store.paths import tool_result_file
 from ..store.tool_results import relative_path, result_id
 from . import ageing
+from .epoch import ageing_epoch
 from .model import FileWrite, Message, RequestView, StageOutcome
 from .native import native, newest_compaction
 from .notice import parse_notice
+from .quotes import protected_reads
 from .truncate import recut, truncate
 from .turns import RESULT_ROLES
 
@@ -240,14 +242,18 @@ class Offloader:
         entry = self._entry(identity.tenant, identity.session, text)
         return self._cut(entry, text, budget, read, identity), entry.rid
 
-    def harder(self, messages: list[Message], identity: Identity, budget: int) -> StageOutcome:
+    def harder(
+        self, messages: list[Message], identity: Identity, budget: int,
+        spare: frozenset[str] = frozenset(),
+    ) -> StageOutcome:
         """Every tool result cut down to ``budget`` (the last resort when even the kept turns
-        are over the threshold); a result not offloaded before needs its original kept."""
+        are over the threshold) but those answering the calls in ``spare``; a result not
+        offloaded before needs its original kept."""
         out = list(messages)
         files: list[FileWrite] = []
         frozen = _frozen(messages)
         for i, m in enumerate(messages):
-            if m.get("role") not in RESULT_ROLES or i < frozen:
+            if m.get("role") not in RESULT_ROLES or i < frozen or m.get("tool_call_id") in spare:
                 continue
             text = _text_of(m.get("content"))
             if text is None or 4 * len(text) <= budget:
@@ -282,37 +288,90 @@ class Offloader:
         """Both stages, ageing by the configured policy alone (no compaction in use)."""
         return self.run(messages, request, aged_turns=None)
 
-    def run(
-        self, messages: list[Message], request: RequestView, *, aged_turns: int | None
-    ) -> StageOutcome:
-        """Both stages; ``aged_turns`` re-cuts the results of the first that many tool-call
-        turns (None: decide by the age policy)."""
+    def _texts(self, messages: list[Message]) -> dict[int, str]:
         texts: dict[int, str] = {}
         for i, m in enumerate(messages):
             if m.get("role") in RESULT_ROLES:
                 text = _text_of(m.get("content"))
                 if text is not None and 4 * len(text) > self._floor:
                     texts[i] = text
-        if not texts:
-            return StageOutcome(messages, False)
+        return texts
 
+    def protected(
+        self, messages: list[Message], request: RequestView, *, aged_turns: int | None,
+        seen: int | None = None, kept_from: int = 0, protect_bytes: int | None = None,
+    ) -> frozenset[str]:
+        """The tool_call_ids of the reads :meth:`run` (same arguments) keeps at stage 1."""
+        texts = self._texts(messages)
+        if not texts:
+            return frozenset()
         reads = read_calls(messages, self.config.read_tools)
+        _, spare = self._ageing(messages, request, texts, reads, aged_turns, seen, kept_from,
+                                protect_bytes)
+        ids = (messages[i].get("tool_call_id") for i in spare)
+        return frozenset(cid for cid in ids if isinstance(cid, str))
+
+    def _ageing(
+        self, messages: list[Message], request: RequestView, texts: dict[int, str],
+        reads: dict[str, ReadCall], aged_turns: int | None, seen: int | None, kept_from: int,
+        protect_bytes: int | None,
+    ) -> tuple[int, frozenset[int]]:
+        """How many leading tool-call turns are aged, and the indices of the aged reads quote
+        protection keeps at their stage-1 cut."""
+        c = self.config
         turn_of, turns = ageing.tool_turns(messages)
         if native(request).clears_tool_results:
-            aged_upto = 0  # the provider clears old results itself: stage 2 stands down
-        elif aged_turns is None:
+            return 0, frozenset()  # the provider clears old results itself: stage 2 stands down
+        if aged_turns is None:
             per_turn = [0] * turns
             for i, text in texts.items():
                 if turns:
                     rc = reads.get(messages[i].get("tool_call_id", ""))
                     per_turn[turn_of.get(i, 0)] += self._estimated_saving(text, rc)
             aged_upto = ageing.aged_upto(
-                turns, self.config.recent_n, lambda t: per_turn[t],
-                batched=self.config.age_policy == "batched",
-                batch_bytes=self.config.age_batch_bytes,
+                turns, c.recent_n, lambda t: per_turn[t],
+                batched=c.age_policy == "batched", batch_bytes=c.age_batch_bytes,
             )
+            if seen is None:  # the watermark's own epoch began where it last jumped
+                seen = ageing_epoch(messages, aged_upto, c.recent_n)
         else:
-            aged_upto = min(aged_turns, max(turns - self.config.recent_n, 0))
+            aged_upto = min(aged_turns, max(turns - c.recent_n, 0))
+        budget = c.protect_edit_bytes if protect_bytes is None else protect_bytes
+        if not aged_upto or budget <= 0:
+            return aged_upto, frozenset()
+        frozen = max(_frozen(messages), kept_from)
+        candidates: dict[int, int] = {}
+        for i, text in texts.items():
+            if i >= frozen and turn_of.get(i, turns) < aged_upto:
+                rc = reads.get(messages[i].get("tool_call_id", ""))
+                kept = text if parse_notice(text) is not None else self._offload(
+                    request.identity, text, self._budget(True, rc.markdown if rc else False), rc
+                )[0] or text
+                candidates[i] = len(kept.encode("utf-8", "surrogatepass"))
+        spare = protected_reads(
+            messages, len(messages) if seen is None else seen, candidates, c.read_tools,
+            recent_turns=c.protect_recent_turns, budget=budget,
+        )
+        return aged_upto, spare
+
+    def run(
+        self, messages: list[Message], request: RequestView, *, aged_turns: int | None,
+        seen: int | None = None, kept_from: int = 0, protect_bytes: int | None = None,
+    ) -> StageOutcome:
+        """Both stages; ``aged_turns`` re-cuts the results of the first that many tool-call
+        turns (None: decide by the age policy), but the reads quote protection keeps, decided
+        on the first ``seen`` messages (the history when the ageing was decided: the
+        compaction's request; None with ``aged_turns``: all of them). Results before
+        ``kept_from`` (replaced by the summary) are not protected; ``protect_bytes`` overrides
+        ``offload.protect_edit_bytes``."""
+        texts = self._texts(messages)
+        if not texts:
+            return StageOutcome(messages, False)
+
+        reads = read_calls(messages, self.config.read_tools)
+        turn_of, turns = ageing.tool_turns(messages)
+        aged_upto, spare = self._ageing(messages, request, texts, reads, aged_turns, seen,
+                                        kept_from, protect_bytes)
 
         out = list(messages)
         files: list[FileWrite] = []
@@ -320,7 +379,7 @@ class Offloader:
         frozen = _frozen(messages)
         for i, text in texts.items():
             m = messages[i]
-            aged = turn_of.get(i, turns) < aged_upto and i >= frozen
+            aged = turn_of.get(i, turns) < aged_upto and i >= frozen and i not in spare
             read = reads.get(m.get("tool_call_id", ""))
             budget = self._budget(not aged, read.markdown if read else False)
             if parse_notice(text) is not None:
@@ -336,5 +395,6 @@ class Offloader:
                 offloaded += 1
                 saved += len(text) - len(new)
         changed = offloaded > 0
-        stats = {"offloaded": offloaded, "offload_chars_saved": saved, "aged_turns": aged_upto}
+        stats = {"offloaded": offloaded, "offload_chars_saved": saved, "aged_turns": aged_upto,
+                 "quotes_protected": len(spare)}
         return StageOutcome(out if changed else messages, changed, stats, tuple(files))

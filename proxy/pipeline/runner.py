@@ -2,7 +2,8 @@
 out through the services.
 
     summary in use   <- compactor.state()                     (store, cached per session)
-    offload          <- Offloader.run(history, ageing of that summary)     pure -> originals
+    offload          <- Offloader.run(history, ageing of that summary, quote protection
+                        decided on the history it was made at)             pure -> originals
     originals kept   <- OffloadedFiles (worker thread); a cut whose original could not be
                         saved is forwarded uncut
     plan             <- Planner.plan(...)                                   pure
@@ -10,11 +11,14 @@ out through the services.
                         the history is offloaded for the new summary's ageing (cached cuts) and
                         planned again
       prepare        -> compactor.prepare() (background)
-      still over     -> Offloader.harder() on every kept result             pure -> originals
+      still over     -> Offloader.harder() on every kept result (first sparing the reads
+                        quote protection keeps)                           pure -> originals
     epoch            <- drop_thinking(): the kept turns produced before the epoch (the
                         summary's request) lose their signed thinking blocks  pure
     memory           <- memory.message() (the version pinned for the session and the summary
                         in use), inserted after the leading system messages  pure
+    replay           <- the proxy's read rounds of the answers still forwarded (store, cached)
+                        put back before them (pipeline.replay)               pure
     validate, count                                                         pure
 
 Offload runs once per request in the sense that matters: each cut is computed once (cached per
@@ -45,6 +49,8 @@ from .epoch import ageing_epoch, drop_thinking
 from .model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
 from .native import head as native_head
 from .offload import Offloader
+from .replay import Source as RoundsSource
+from .replay import run as replay_rounds
 from .turns import leading_system_count
 from .validate import ValidateStage
 
@@ -86,9 +92,11 @@ class Pipeline:
         old_max_bytes: int,
         stages: Sequence[Stage] | None = None,
         memory: MemoryStep | None = None,
+        replay: RoundsSource | None = None,
     ) -> None:
         self.offloader = offloader
         self.memory = memory
+        self.replay = replay
         self.planner = planner
         self.compactor = compactor
         self.counter = counter
@@ -173,6 +181,16 @@ class Pipeline:
                 log.exception("stage memory failed; forwarding without it")
                 failed.append("memory")
 
+        replay = self.replay  # the proxy's read rounds, put back (not in a history upstream)
+        if replay is not None and replay.enabled and len(request.chains) == len(history):
+            try:
+                outcome = await replay_rounds(replay, messages, history, request, before)
+                messages = outcome.messages
+                _add(stats, outcome.stats)
+            except Exception:
+                log.exception("stage replay failed; forwarding without it")
+                failed.append("replay")
+
         for stage in (self.validate, self.count):
             # Counting covers what the client sent too (tokens in): its new outputs, whole.
             heavy = stage is self.count and (
@@ -243,13 +261,30 @@ class Pipeline:
             return 0
         return aged_at(history, summary.seen, self.offloader.config.recent_n)
 
+    def _ageing(
+        self, history: list[Message], request: RequestView, summary: SummaryRecord | None
+    ) -> dict[str, Any]:
+        """The ageing arguments of :meth:`Offloader.run` for the summary in use: which turns
+        are aged, and the history quote protection is decided on (the compaction's request,
+        so it holds for the epoch). Protection never takes more than what compaction keeps
+        verbatim (``keep_recent_ratio`` of the window, at 4 bytes a token): the split is
+        measured with stage-1 cuts, so the kept turns cannot outgrow that share anyway."""
+        timed = self.timed_ageing and summary is not None
+        return {
+            "aged_turns": self._aged(history, summary),
+            "seen": summary.seen if timed and summary is not None else None,
+            "kept_from": summary.upto if summary is not None else 0,
+            "protect_bytes": min(self.offloader.config.protect_edit_bytes,
+                                 4 * self.planner.budget(request).keep),
+        }
+
     async def _offload(
         self, history: list[Message], request: RequestView, summary: SummaryRecord | None
     ) -> StageOutcome:
         heavy = request.large and self.offloader.needs_work(history, request)
+        ageing = self._ageing(history, request, summary)
         outcome = await self._cpu(
-            heavy, lambda: self.offloader.run(history, request,
-                                              aged_turns=self._aged(history, summary))
+            heavy, lambda: self.offloader.run(history, request, **ageing)
         )
         return await self._keep(outcome, history, request)
 
@@ -374,7 +409,9 @@ class Pipeline:
             decision = await self._plan(offloaded, request, summary, split_from, False)
         applied = decision.applied
         if decision.over:
-            cut = await self._last_resort(applied, request, decision)
+            spare = self.offloader.protected(history, request,
+                                             **self._ageing(history, request, decision.summary))
+            cut = await self._last_resort(applied, request, decision, spare)
             if cut is not applied:
                 stats["last_resort"] = 1  # read (and dropped) by run()
             applied = cut
@@ -396,18 +433,21 @@ class Pipeline:
         )
 
     async def _last_resort(
-        self, applied: list[Message], request: RequestView, decision: Decision
+        self, applied: list[Message], request: RequestView, decision: Decision,
+        spare: frozenset[str] = frozenset(),
     ) -> list[Message]:
         """Even the kept turns are over the threshold: every tool result is cut harder, to
-        ``old_max_bytes`` and then to 1 KB. All of them, not just as many as needed, so that
-        while this lasts the forwarded prefix stays the same from turn to turn."""
+        ``old_max_bytes`` (but the reads quote protection keeps, ``spare``) and then, all of
+        them, to 1 KB: a request the provider refuses is worse than an edit that fails. All of
+        them, not just as many as needed, so that while this lasts the forwarded prefix stays
+        the same from turn to turn."""
         threshold = decision.budget.threshold
         tokens = decision.tokens
-        for size in (self.old_max_bytes, 1024):
+        for size, keep in ((self.old_max_bytes, spare), (1024, frozenset[str]())):
             if tokens <= threshold:
                 break
             outcome = await self._cpu(
-                request.large, self.offloader.harder, applied, request.identity, size
+                request.large, self.offloader.harder, applied, request.identity, size, keep
             )
             applied = (await self._keep(outcome, applied, request)).messages
             tokens = await self._cpu(self._tokenizes(applied, request), self.planner.count,

@@ -17,7 +17,7 @@ from .media import (
     image_dimensions_from_data_url,
     image_tokens,
 )
-from .model import OPAQUE_TOKENS
+from .model import OPAQUE_TOKENS, WIRE
 
 O200K: Final = "o200k_base"
 CL100K: Final = "cl100k_base"
@@ -48,7 +48,9 @@ ENUM_ITEM: Final = 3  # per enum value (plus the value's own tokens)
 FUNC_END: Final = 12  # once per request with tools
 
 # Message keys that are metadata for the proxy/provider SDK, not text the model reads.
-_IGNORED_MESSAGE_KEYS: Final = frozenset({"cache_control"})
+# ctxproxy_wire: the wire bytes of a message the pipeline put back (model.WIRE), whose model
+# fields are counted already.
+_IGNORED_MESSAGE_KEYS: Final = frozenset({"cache_control", WIRE})
 
 TextCounter = Callable[[str], int]
 

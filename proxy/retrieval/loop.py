@@ -4,11 +4,19 @@ The client only ever sees the final answer. Non-streaming: the last round's comp
 usage summed over rounds. Streaming: text deltas pass as they arrive, deltas of the proxy's own
 tool calls are withheld, the client's tool calls pass through (renumbered to stay contiguous),
 the next round continues in the same SSE response, and exactly one usage chunk comes at the end
-(when the client asked for it).
+(when the upstream sent one: the loop asks for no usage the client did not ask for).
+
+What the loop need not change passes byte for byte, both ways: every round's request is the
+forwarded body's bytes with only the read tool and the internal rounds spliced in
+(:class:`Encoder`), and every chunk the loop does not have to change goes to the client as the
+upstream sent it (:func:`frame`); an answer of one round without the proxy's calls arrives
+exactly as the upstream sent it.
 
 An answer that calls both the proxy's tool and the client's tools is returned with only the
-client's calls: the proxy's reads are dropped (the model may read again on a later turn), because
-the client could neither run them nor continue with a half-answered turn.
+client's calls, because the client could neither run the proxy's nor continue with a
+half-answered turn. The proxy's calls are still run (after the answer is complete), and the
+model's whole answer and their results kept with the rounds (:class:`Rounds`): later turns
+forward the history as the model saw it (proxy.pipeline.replay).
 """
 
 from __future__ import annotations
@@ -20,12 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
+import msgspec
 import orjson
 from starlette.types import Send
 from yarl import URL
 
 from ..asgi import Headers, send_whole
 from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from ..formats import json
 from ..session import Identity
 from ..upstream.http import Upstream, response_headers
 from ..upstream.relay import read_whole, redact_secret, sse_error_event
@@ -49,6 +59,16 @@ class Rounds:
     rounds: int = 0
     internal: list[dict[str, Any]] = field(default_factory=list)  # the proxy's calls + results
     usage: dict[str, Any] | None = None
+    # For putting the rounds back on later turns (proxy.rounds): each internal wire item as it
+    # was forwarded, and, when the answer's own calls of the proxy's tool were dropped from the
+    # client's copy, the model's answer (wire items) and the results of those calls.
+    wire: list[bytes] = field(default_factory=list)
+    full: list[bytes] | None = None
+    results: list[bytes] = field(default_factory=list)
+
+    @property
+    def replayable(self) -> bool:
+        return bool(self.wire) or self.full is not None
 
     def add_usage(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -80,10 +100,83 @@ def _split_calls(msg: dict[str, Any], name: str) -> tuple[list[Any], list[Any]]:
     return ours, theirs
 
 
-def _request(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-    # The tools stay as they are in every round: a tools array that changed from one round
-    # (or turn) to the next would discard the provider's prompt cache.
-    return {**body, "messages": messages}
+def frame(name: str, data: bytes) -> bytes:
+    """One SSE event of the upstream's, framed as the decoder read it: its ``event`` name (none
+    when it had none) and its data bytes as they came. What the decoder does not hand over
+    (comments, ``id``/``retry`` fields, CRLF line ends) is not repeated."""
+    head = b"event: " + name.encode() + b"\n" if name else b""
+    if 0x0A in data:  # data that came in several lines goes out in as many
+        data = data.replace(b"\n", b"\ndata: ")
+    return head + b"data: " + data + b"\n\n"
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+class Encoder:
+    """Each round's request bytes: the forwarded body (``raw``) byte for byte, with only what
+    the loop must change spliced in (:mod:`proxy.formats.json`): the read tool appended to
+    ``tools`` (``body``, the same request parsed, has it: ``with_tool``) and every internal
+    round's items appended to the conversation array ``key``. The tools stay the same in every
+    round: a tools array that changed from one round (or turn) to the next would discard the
+    provider's prompt cache. Without ``raw`` the dict is serialised whole.
+
+    ``items`` turns the body's conversation value into its items when it is not an array (a
+    Responses ``input`` string)."""
+
+    def __init__(
+        self, body: dict[str, Any], raw: bytes | None, key: str,
+        items: Callable[[Any], list[Any]] = _list,
+    ) -> None:
+        self.body = body
+        self.key = key
+        self.items = items
+        self.added: list[bytes] = []
+        self.parts = json.members(raw) if raw is not None else None
+        self.replace: dict[str, json.RawJSON] = {}
+        tools = body.get("tools")
+        if self.parts is not None and isinstance(tools, list):
+            given = self._array(self.parts.get("tools"))
+            if given is None:
+                self.replace["tools"] = json.dumps(tools)
+            elif len(given) < len(tools):  # with_tool appended the read tool
+                self.replace["tools"] = json.join_array(
+                    [*given, *(json.dumps(t) for t in tools[len(given):])])
+
+    @staticmethod
+    def _array(value: json.RawJSON | None) -> list[json.RawJSON] | None:
+        if value is None:
+            return None
+        try:
+            return json.array_items(value)
+        except msgspec.DecodeError:  # not an array
+            return None
+
+    def request(self, added: Sequence[bytes] = ()) -> bytes:
+        """The next round's bytes, ``added`` (the last round's items, JSON each) appended to
+        the conversation after those of the rounds before."""
+        self.added += added
+        if self.parts is None:
+            conversation = [*self.items(self.body.get(self.key)), *map(orjson.loads, self.added)]
+            return orjson.dumps({**self.body, self.key: conversation} if self.added else self.body)
+        replace = dict(self.replace)
+        if self.added:
+            items = self._array(self.parts.get(self.key))
+            if items is None:
+                items = [json.dumps(i) for i in self.items(self.body.get(self.key))]
+            replace[self.key] = json.join_array([*items, *self.added])
+        return json.splice(self.parts, replace)
+
+    def continued(self, changes: dict[str, Any], drop: Sequence[str]) -> bytes:
+        """A round that continues a response stored upstream: the forwarded body with the
+        members of ``changes`` set and those of ``drop`` removed (the conversation grows
+        upstream, so nothing is appended here)."""
+        if self.parts is None:
+            body = {k: v for k, v in self.body.items() if k not in drop}
+            return orjson.dumps({**body, **changes})
+        replace = {**self.replace, **{k: json.dumps(v) for k, v in changes.items()}}
+        return json.splice(self.parts, replace, drop)
 
 
 class ReaderBase:
@@ -230,6 +323,14 @@ class Reader(ReaderBase):
             lambda c: (c.get("function") or {}).get("arguments") or "{}",
             lambda c, text: {"role": "tool", "tool_call_id": c.get("id"), "content": text})
 
+    async def _dropped(self, state: Rounds, identity: Identity, msg: dict[str, Any],
+                       ours: list[Any], settled: Settled) -> None:
+        """The answer's calls of the proxy's tool are dropped from the client's copy: run
+        them anyway and keep the model's message with their results (see :class:`Rounds`)."""
+        results = await self._results(identity, ours, state.rounds, settled)
+        state.full = [orjson.dumps(msg)]
+        state.results = [orjson.dumps(r) for r in results]
+
     async def non_stream(
         self, send: Send, body: dict[str, Any], url: URL, headers: list[tuple[str, str]],
         extra: Headers, identity: Identity, tap: Callable[[bytes], None],
@@ -237,10 +338,11 @@ class Reader(ReaderBase):
         raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
-        messages = list(body["messages"])
+        encoder = Encoder(body, raw, "messages")
+        req = encoder.request()
         while True:
             last = state.rounds > self.max_rounds
-            resp = await self._post(url, headers, _request(body, messages), on_status)
+            resp = await self._post(url, headers, req, on_status)
             async with resp:
                 payload = await read_whole(resp)
                 out_headers = response_headers(resp)
@@ -254,14 +356,16 @@ class Reader(ReaderBase):
             ours, theirs = _split_calls(msg, self.tool.name)
             if ours and not theirs and not last:
                 results = await self._results(identity, ours, state.rounds, settled)
-                messages += [msg, *results]
+                req = encoder.request([json.dumps(m) for m in (msg, *results)])
                 state.internal += [msg, *results]
+                state.wire += [orjson.dumps(m) for m in (msg, *results)]
                 state.rounds += 1
                 continue
             if state.rounds == 0 and not ours:
                 final = payload  # nothing of ours happened: the client gets the bytes as they came
             else:
                 if ours:
+                    await self._dropped(state, identity, msg, ours, settled)
                     _drop_calls(data["choices"][0], theirs)
                 if state.usage is not None:
                     data["usage"] = state.usage
@@ -276,19 +380,18 @@ class Reader(ReaderBase):
         raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
-        raw_options = body.get("stream_options")
-        options: dict[str, Any] = raw_options if isinstance(raw_options, dict) else {}
-        want_usage = bool(options.get("include_usage"))
-        body = {**body, "stream_options": {**options, "include_usage": True}}
-        messages = list(body["messages"])
+        # The upstream is asked for no usage the client did not ask for (stream_options stays
+        # as forwarded): the loop relays what comes, summed when there were several rounds.
+        encoder = Encoder(body, raw, "messages")
+        req = encoder.request()
         meta: dict[str, Any] = {}
         client_index: dict[int, int] = {}
         out = StreamOut(send, tap, extra, self._scrub)
         while True:
             last = state.rounds > self.max_rounds
-            rnd = _Round(self.tool.name, client_index, meta, want_usage)
+            rnd = _Round(self.tool.name, client_index, meta, first=state.rounds == 0)
             try:
-                resp = await self._post(url, headers, _request(body, messages), on_status)
+                resp = await self._post(url, headers, req, on_status)
                 async with resp:
                     if not await out.relay(resp, rnd.feed):
                         return state
@@ -302,18 +405,27 @@ class Reader(ReaderBase):
             if rnd.failed:
                 await out.end()
                 return state
-            if rnd.ours and not rnd.theirs and not last:
+            if rnd.internal and not last:
                 calls = rnd.our_calls()
                 msg = {"role": "assistant", "content": rnd.text or None, "tool_calls": calls}
                 results = await self._results(identity, calls, state.rounds, settled)
-                messages += [msg, *results]
+                req = encoder.request([json.dumps(m) for m in (msg, *results)])
                 state.internal += [msg, *results]
+                state.wire += [orjson.dumps(m) for m in (msg, *results)]
                 state.rounds += 1
                 continue
             for chunk in rnd.finish(meta):
                 await out.emit(chunk)
+            if rnd.ours:
+                whole = {"role": "assistant", "content": rnd.text or None,
+                         "tool_calls": rnd.all_calls()}
+                await self._dropped(state, identity, whole, rnd.our_calls(), settled)
             break
-        if want_usage and state.usage is not None:
+        if rnd.usage_sent:
+            pass
+        elif state.rounds == 0 and rnd.usage_chunk is not None:
+            await out.emit(frame("", rnd.usage_chunk))  # one round: its usage as it came
+        elif state.usage is not None:
             await out.emit(b"data: " + orjson.dumps({**meta, "object": "chat.completion.chunk",
                                                        "choices": [], "usage": state.usage})
                            + b"\n\n")
@@ -327,13 +439,15 @@ class Reader(ReaderBase):
 
 
 class _Round:
-    """Filters one round's chunks: withholds the proxy's tool calls and the usage chunk."""
+    """Filters one round's chunks: withholds the proxy's tool calls, the end of a round that may
+    go on (its finish chunk) and a usage chunk that is to be summed. A chunk it need not change
+    goes out as it came."""
 
-    def __init__(self, name: str, client_index: dict[int, int], meta: dict[str, Any],
-                 want_usage: bool = True) -> None:
+    def __init__(self, name: str, client_index: dict[int, int], meta: dict[str, Any], *,
+                 first: bool = True) -> None:
         self.name = name
         self.meta = meta  # id, created, model of the answer, from the first chunks
-        self.want_usage = want_usage
+        self.first = first  # the answer's first round: its usage need not be summed
         self.mine: dict[int, bool] = {}
         self.calls: dict[int, dict[str, Any]] = {}
         self.client_index = client_index
@@ -342,7 +456,18 @@ class _Round:
         self.text = ""
         self.usage: Any = None
         self.pending_finish: dict[str, Any] | None = None
+        self.pending_raw: bytes | None = None  # its chunk, when nothing else was in it
         self.failed = False
+        # The round's finish chunk went to the client (no call of the proxy's came before it):
+        # the round is the answer, whatever follows.
+        self.closed = False
+        self.usage_chunk: bytes | None = None  # the upstream's own usage chunk, as it came
+        self.usage_sent = False  # ... and it went to the client as it came
+
+    @property
+    def internal(self) -> bool:
+        """Whether the round called only the proxy's tool (and the loop may ask again)."""
+        return self.ours and not self.theirs and not self.closed
 
     def feed(self, event: str, data: bytes) -> list[bytes]:
         meta = self.meta
@@ -351,26 +476,36 @@ class _Round:
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return [b"data: " + data + b"\n\n"]
+            return [frame(event, data)]
         if not isinstance(chunk, dict):
-            return [b"data: " + data + b"\n\n"]
+            return [frame(event, data)]
         if chunk.get("error") is not None:
             # The upstream failed mid-stream: the client sees its error as it came, and the
             # stream ends there (no further round, no [DONE]).
             self.failed = True
-            return [b"data: " + data + b"\n\n"]
+            return [frame(event, data)]
         for key in ("id", "created", "model", "system_fingerprint"):
             if key in chunk and key not in meta:
                 meta[key] = chunk[key]
-        if chunk.get("usage") is not None:
-            self.usage = chunk.pop("usage")
-        elif not self.want_usage:
-            # The loop asked upstream for usage, the client did not: no `usage: null` either.
-            chunk.pop("usage", None)
+        # A usage after the end of a first round that was the answer is the answer's: as it came.
+        as_sent = self.first and self.closed
+        changed = False
         choices = chunk.get("choices")
+        if chunk.get("usage") is not None:
+            self.usage = chunk["usage"]
+            if not isinstance(choices, list) or not choices:
+                if as_sent:
+                    self.usage_sent = True
+                    return [frame(event, data)]
+                self.usage_chunk = data  # sent at the very end (summed if there were rounds)
+                return []
+            if not as_sent:
+                del chunk["usage"]
+                changed = True
         if not isinstance(choices, list) or not choices:
-            return []  # the usage chunk: summed and sent once at the very end
+            return [frame(event, data)]  # not a chunk the loop reads
         out_choices = []
+        finish_here = held = False
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
@@ -396,26 +531,42 @@ class _Round:
                     else:
                         self.theirs = True
                         self.client_index.setdefault(idx, len(self.client_index))
+                # Every call assembled (the client's too: the model's whole message is kept
+                # when the answer mixes both, see Rounds).
+                call = self.calls.setdefault(idx, {"id": tc.get("id"), "type": "function",
+                                                    "function": {"name": fn.get("name"),
+                                                                 "arguments": ""}})
+                args = fn.get("arguments")
+                call["function"]["arguments"] += args if isinstance(args, str) else ""
                 if self.mine[idx]:
-                    call = self.calls.setdefault(idx, {"id": tc.get("id"), "type": "function",
-                                                        "function": {"name": self.name, "arguments": ""}})
-                    args = fn.get("arguments")
-                    call["function"]["arguments"] += args if isinstance(args, str) else ""
                     continue
                 kept.append({**tc, "index": self.client_index[idx]})
-            if "tool_calls" in delta:
+            if isinstance(calls, list) and kept != calls:  # a call withheld or renumbered
+                changed = True
                 delta = {**delta, "tool_calls": kept} if kept else {k: v for k, v in delta.items() if k != "tool_calls"}
             choice = {**choice, "delta": delta}
-            if choice.get("finish_reason") is not None:
-                self.pending_finish = choice  # known only at the end whether the round continues
+            if choice.get("finish_reason") is not None and self.ours:
+                # The round may go on (or its reason be fixed): known only at its end.
+                self.pending_finish = choice
+                held = True
                 continue
+            finish_here = finish_here or choice.get("finish_reason") is not None
             if delta or choice.get("logprobs"):
                 out_choices.append(choice)
+        self.closed = self.closed or finish_here
+        if held:
+            # Held whole when it is nothing but the finish: it may still go out as it came.
+            self.pending_raw = data if not changed and len(choices) == 1 else None
+        elif not changed:
+            return [frame(event, data)]
         if not out_choices:
             return []
         return [b"data: " + orjson.dumps({**chunk, "choices": out_choices}) + b"\n\n"]
 
     def our_calls(self) -> list[dict[str, Any]]:
+        return [self.calls[i] for i in sorted(self.calls) if self.mine.get(i)]
+
+    def all_calls(self) -> list[dict[str, Any]]:
         return [self.calls[i] for i in sorted(self.calls)]
 
     def finish(self, meta: dict[str, Any]) -> list[bytes]:
@@ -424,6 +575,8 @@ class _Round:
         choice = dict(self.pending_finish)
         if self.ours and not self.theirs and choice.get("finish_reason") == "tool_calls":
             choice["finish_reason"] = "stop"
+        elif self.pending_raw is not None:
+            return [frame("", self.pending_raw)]
         chunk = {**meta, "object": "chat.completion.chunk", "choices": [choice]}
         return [b"data: " + orjson.dumps(chunk) + b"\n\n"]
 
@@ -455,8 +608,8 @@ def _drop_calls(choice: dict[str, Any], theirs: list[Any]) -> None:
 class ReadLoop(Protocol):
     """A read-tool loop for one wire format (this module's :class:`Reader` for chat
     completions, :class:`~proxy.retrieval.responses_loop.ResponsesReader`, ...). ``body`` is
-    the request with the tool (:meth:`with_tool`); ``raw``, the bytes it was read from, for a
-    loop that must send what it did not change byte for byte (Messages: signed thinking);
+    the request with the tool (:meth:`with_tool`); ``raw``, the bytes it was read from (without
+    the tool): every loop sends what it did not change byte for byte (:class:`Encoder`);
     ``binding``, the request's preserved-thinking state (Messages only; the others ignore it)."""
 
     def needed(self, messages: Sequence[Any]) -> bool: ...

@@ -4,16 +4,21 @@
 A round whose answer calls only the proxy's tool is internal: its calls are answered with
 ``tool_result`` blocks and the model is asked again, the round's assistant message (thinking
 blocks and their signatures as they came) and a user message with the results appended to
-``messages``. A round that calls the client's tools, or nothing, is the answer; the proxy's
-calls in it are dropped (its thinking blocks stay: a thinking block may end a turn, and the
-turn's first block must stay a thinking block when tools follow).
+``messages`` (not streaming, the assistant content as the upstream's bytes; streaming, as
+assembled from the deltas). A round that calls the client's tools, or nothing, is the answer;
+the proxy's calls in it are dropped from the client's copy (its thinking blocks stay: a thinking
+block may end a turn, and the turn's first block must stay a thinking block when tools follow),
+run all the same and kept for later turns with the model's message (loop.Rounds).
 
 Non-streaming, the client gets the last round's message without the proxy's calls, usage summed
-over the rounds. Streaming, events pass as they come with three changes: the proxy's
-``tool_use`` blocks (start, input deltas, stop) are withheld; every content-block ``index`` is
-renumbered so the client sees one message with consecutive blocks; the ``message_start`` of later
-rounds and the ``message_delta``/``message_stop`` of internal rounds are withheld, and the final
-``message_delta`` carries the usage summed over the rounds.
+over the rounds (an answer of one round without them: its bytes as they came). Streaming, events
+pass as they come, byte for byte (:func:`~proxy.retrieval.loop.frame`), with three changes: the
+proxy's ``tool_use`` blocks (start, input deltas, stop) are withheld; a content-block ``index``
+after a withheld block is renumbered (that member alone) so the client sees one message with
+consecutive blocks; the ``message_start`` of later rounds and the ``message_delta``/
+``message_stop`` of internal rounds are withheld, and after several rounds the final
+``message_delta`` carries the usage summed over them (its ``stop_reason`` is ``end_turn`` when
+only the proxy's calls were dropped from it).
 
 Every round posts through the request's :class:`~proxy.upstream.thinking.Binding`: a round
 refused by Anthropic's prefix check is sent again with drop_block, and the later rounds keep it
@@ -38,15 +43,11 @@ from ..session import Identity
 from ..upstream.http import response_headers
 from ..upstream.relay import anthropic_error_event, read_whole
 from ..upstream.thinking import Binding
-from .loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut
+from .loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut, frame
 
 __all__ = ["MessagesReader"]
 
 log = logging.getLogger("proxy.upstream")
-
-
-def _event(name: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 class MessagesReader(ReaderBase):
@@ -80,6 +81,14 @@ class MessagesReader(ReaderBase):
             lambda c: orjson.dumps(c.get("input") or {}).decode(),
             lambda c, text: {"type": "tool_result", "tool_use_id": c.get("id"), "content": text})
 
+    async def _dropped(self, state: Rounds, identity: Identity, said: bytes,
+                       ours: list[dict[str, Any]], settled: Settled) -> None:
+        """The answer's calls of the proxy's tool are dropped from the client's copy: run them
+        anyway and keep the model's message with their ``tool_result`` blocks (loop.Rounds)."""
+        results = await self._results(identity, ours, state.rounds, settled)
+        state.full = [said]
+        state.results = [json.dumps(r) for r in results]
+
     def _encoder(self, body: dict[str, Any], raw: bytes | None) -> _Encoder:
         return _Encoder(body, raw, self.definition())
 
@@ -110,13 +119,18 @@ class MessagesReader(ReaderBase):
             state.add_usage(data.get("usage"))
             content = data["content"]
             ours, theirs = self._split(content)
+            # The assistant message as the upstream sent its content, signed thinking included.
+            said = (b'{"role":"assistant","content":' + bytes(json.members(payload)["content"])
+                    + b"}") if ours else b""
             if ours and not theirs and not last:
                 results = await self._results(identity, ours, state.rounds, settled)
                 state.internal += [{"role": "assistant", "content": content},
                                    {"role": "user", "content": results}]
-                req = encoder.request(content, results)
+                req = encoder.request(said, results, state)
                 state.rounds += 1
                 continue
+            if ours:
+                await self._dropped(state, identity, said, ours, settled)
             if state.rounds == 0 and not ours:
                 final = payload  # nothing of ours happened: the bytes as they came
             else:
@@ -162,15 +176,20 @@ class MessagesReader(ReaderBase):
                 return state
             content = rnd.assembler.content()
             ours, theirs = self._split(content)
+            # A stream has no bytes of the content array: the assembled blocks (the thinking
+            # text and signature are the deltas' exact strings).
+            said = json.dumps({"role": "assistant", "content": content}) if ours else b""
             if ours and not theirs and not last and rnd.stopped:
                 results = await self._results(identity, ours, state.rounds, settled)
                 state.internal += [{"role": "assistant", "content": content},
                                    {"role": "user", "content": results}]
-                req = encoder.request(content, results)
+                req = encoder.request(said, results, state)
                 state.rounds += 1
                 continue
             for chunk in rnd.finish(state.usage, bool(ours) and not theirs):
                 await out.emit(chunk)
+            if ours and rnd.stopped:
+                await self._dropped(state, identity, said, ours, settled)
             break
         if settled is not None:
             await settled()
@@ -192,11 +211,16 @@ class _Encoder:
         self.added: list[bytes] = []
 
     def request(
-        self, content: list[Any] | None = None, results: list[dict[str, Any]] | None = None
+        self, said: bytes | None = None, results: list[dict[str, Any]] | None = None,
+        state: Rounds | None = None,
     ) -> bytes:
-        if content is not None and results is not None:
-            self.added += [json.dumps({"role": "assistant", "content": content}),
-                           json.dumps({"role": "user", "content": results})]
+        """The next round's bytes; ``said``, the round's assistant message (bytes), and its
+        ``results`` appended first (and kept in ``state.wire``, as sent)."""
+        if said is not None and results is not None:
+            added = [said, json.dumps({"role": "user", "content": results})]
+            self.added += added
+            if state is not None:
+                state.wire += added
         if self.raw is None:
             messages = [*(self.body.get("messages") or []), *map(orjson.loads, self.added)]
             return orjson.dumps({**self.body, "messages": messages})
@@ -227,7 +251,8 @@ class _Round:
         self.stopped = False  # message_stop arrived
         self._index: dict[int, int] = {}  # upstream index -> the client's
         self._hidden: set[int] = set()
-        self._held: list[tuple[str, dict[str, Any]]] = []  # message_delta, message_stop
+        # message_delta, message_stop: (event name, type, data, its bytes)
+        self._held: list[tuple[str, str, dict[str, Any], bytes]] = []
 
     def usage(self) -> dict[str, Any] | None:
         message = self.assembler.message
@@ -238,24 +263,24 @@ class _Round:
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return [b"data: " + raw + b"\n\n"]
+            return [frame(name, raw)]
         if not isinstance(data, dict):
-            return [b"data: " + raw + b"\n\n"]
+            return [frame(name, raw)]
         found = data.get("type")
         kind: str = found if isinstance(found, str) else name
         self.assembler.feed(data)
         if kind == "error":
             self.failed = True
-            return [_event("error", data)]
+            return [frame(name, raw)]
         if kind == "message_start":
-            return [_event(kind, data)] if self.first else []
+            return [frame(name, raw)] if self.first else []
         if kind in ("message_delta", "message_stop"):
             self.stopped = self.stopped or kind == "message_stop"
-            self._held.append((kind, data))
+            self._held.append((name, kind, data, raw))
             return []
         index = data.get("index")
-        if not isinstance(index, int):
-            return [_event(kind, data)]  # ping and what the loop does not know
+        if not isinstance(index, int) or isinstance(index, bool):
+            return [frame(name, raw)]  # ping and what the loop does not know
         if kind == "content_block_start" and self.is_ours(data.get("content_block")):
             self._hidden.add(index)
         if index in self._hidden:
@@ -263,20 +288,27 @@ class _Round:
         if index not in self._index:
             self._index[index] = self.seen[0]
             self.seen[0] += 1
-        return [_event(kind, {**data, "index": self._index[index]})]
+        mine = self._index[index]
+        if mine == index:
+            return [frame(name, raw)]
+        return [frame(name or kind, json.splice(json.members(raw), {"index": json.dumps(mine)}))]
 
     def finish(self, usage: dict[str, Any] | None, dropped_only: bool) -> list[bytes]:
         """The held end of the answer's round: stop reason fixed when only the proxy's calls
-        were in it, usage summed over the rounds."""
+        were in it, usage summed over the rounds when there were several; else as it came."""
         out: list[bytes] = []
-        for kind, data in self._held:
+        for name, kind, data, raw in self._held:
+            replace: dict[str, json.RawJSON] = {}
             if kind == "message_delta":
                 delta = data.get("delta")
                 if dropped_only and isinstance(delta, dict) and delta.get("stop_reason") == "tool_use":
-                    data = {**data, "delta": {**delta, "stop_reason": "end_turn"}}
-                if usage is not None:
-                    data = {**data, "usage": {**(data.get("usage") or {}), **usage}}
-            out.append(_event(kind, data))
+                    replace["delta"] = json.dumps({**delta, "stop_reason": "end_turn"})
+                if usage is not None and not self.first:
+                    given = data.get("usage")
+                    replace["usage"] = json.dumps({**(given if isinstance(given, dict) else {}),
+                                                   **usage})
+            out.append(frame(name or kind, json.splice(json.members(raw), replace)) if replace
+                       else frame(name, raw))
         return out
 
 

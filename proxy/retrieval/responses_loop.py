@@ -5,16 +5,20 @@ A round whose output calls only the proxy's tool is internal: its calls are answ
 ``function_call_output`` items and the model is asked again, the round's output items (reasoning
 with its encrypted content included) and the results appended to ``input`` (or, for a request
 that continues a stored response, the next round continues the round's response). A round that
-calls the client's tools, or nothing, is the answer; the proxy's calls in it are dropped.
+calls the client's tools, or nothing, is the answer; the proxy's calls in it are dropped from
+the client's copy (run all the same, and kept for later turns with the model's output: loop.Rounds).
 
 Non-streaming, the client gets the last round's response without the proxy's calls, usage summed
-over the rounds. Streaming, events pass as they come with three changes: the proxy's call items
-(and their argument deltas) are withheld, with a reasoning item that leads straight into one
-(the client must never hold a reasoning item without the item that followed it); every
-``output_index`` and ``sequence_number`` is renumbered so the client sees one response with
-consecutive items; the ``response.created``/``in_progress`` of later rounds and the terminal
-event of internal rounds are withheld, and the final ``response.completed`` carries every item
-the client saw, usage summed.
+over the rounds (an answer of one round without them: its bytes as they came). Streaming,
+events pass as they come, byte for byte (:func:`~proxy.retrieval.loop.frame`), with three
+changes: the proxy's call items (and their argument deltas) are withheld, with a reasoning item
+that leads straight into one (the client must never hold a reasoning item without the item that
+followed it; a reasoning item's events wait for the next item to start); once an event was
+withheld, ``output_index`` and ``sequence_number`` are renumbered (those members alone) so the
+client sees one response with consecutive items; the ``response.created``/``in_progress`` of
+later rounds and the terminal event of internal rounds are withheld, and when something was
+withheld the final ``response.completed`` carries every item the client saw (usage summed when
+there were several rounds).
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ from yarl import URL
 
 from ..asgi import Headers, send_whole
 from ..errors import ProxyError
+from ..formats import json
 from ..session import Identity
 from ..upstream.http import response_headers
 from ..upstream.relay import read_whole
 from ..upstream.thinking import Binding
-from .loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut
+from .loop import Encoder, Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut, frame
 
 __all__ = ["ResponsesReader"]
 
@@ -47,6 +52,13 @@ _CLIENT_CALLS = frozenset({"function_call", "custom_tool_call", "local_shell_cal
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def _input_items(given: Any) -> list[Any]:
+    """The items of a request's ``input``: a string is one user message."""
+    if isinstance(given, str):
+        return [{"type": "message", "role": "user", "content": given}]
+    return list(given) if isinstance(given, list) else []
 
 
 class ResponsesReader(ReaderBase):
@@ -70,16 +82,28 @@ class ResponsesReader(ReaderBase):
             lambda c, text: {"type": "function_call_output", "call_id": c.get("call_id"),
                              "output": text})
 
+    async def _dropped(self, state: Rounds, identity: Identity, output: list[Any],
+                       ours: list[dict[str, Any]], settled: Settled) -> None:
+        """The answer's calls of the proxy's tool are dropped from the client's copy: run them
+        anyway and keep the model's output with their results (see loop.Rounds)."""
+        results = await self._results(identity, ours, state.rounds, settled)
+        state.full = [orjson.dumps(i) for i in output]
+        state.results = [orjson.dumps(r) for r in results]
+
+    @staticmethod
+    def _encoder(body: dict[str, Any], raw: bytes | None) -> Encoder:
+        return Encoder(body, raw, "input", _input_items)
+
+    @staticmethod
     def _next(
-        self, body: dict[str, Any], items: list[Any], output: list[Any],
-        results: list[dict[str, Any]], response_id: Any,
-    ) -> dict[str, Any]:
+        encoder: Encoder, output: list[Any], results: list[dict[str, Any]], response_id: Any,
+    ) -> bytes:
+        body = encoder.body
         if body.get("previous_response_id") or body.get("conversation"):
             # The history lives upstream: continue the round's stored response.
-            nxt = {k: v for k, v in body.items() if k != "conversation"}
-            return {**nxt, "previous_response_id": response_id, "input": results}
-        items += [*output, *results]
-        return {**body, "input": items}
+            return encoder.continued({"previous_response_id": response_id, "input": results},
+                                     ("conversation",))
+        return encoder.request([json.dumps(i) for i in (*output, *results)])
 
     # -- not streaming ---------------------------------------------------------------------
 
@@ -90,8 +114,8 @@ class ResponsesReader(ReaderBase):
         raw: bytes | None = None, binding: Binding | None = None,
     ) -> Rounds:
         state = Rounds()
-        items = list(body.get("input") or [])
-        req = body
+        encoder = self._encoder(body, raw)
+        req = encoder.request()
         while True:
             last = state.rounds > self.max_rounds
             resp = await self._post(url, headers, req, on_status)
@@ -111,9 +135,12 @@ class ResponsesReader(ReaderBase):
             if ours and not theirs and not last:
                 results = await self._results(identity, ours, state.rounds, settled)
                 state.internal += [*output, *results]
-                req = self._next(body, items, output, results, data.get("id"))
+                state.wire += [orjson.dumps(i) for i in (*output, *results)]
+                req = self._next(encoder, output, results, data.get("id"))
                 state.rounds += 1
                 continue
+            if ours:
+                await self._dropped(state, identity, output, ours, settled)
             if state.rounds == 0 and not ours:
                 final = payload  # nothing of ours happened: the bytes as they came
             else:
@@ -134,8 +161,8 @@ class ResponsesReader(ReaderBase):
     ) -> Rounds:
         state = Rounds()
         view = _ClientView()
-        items = list(body.get("input") or [])
-        req = body
+        encoder = self._encoder(body, raw)
+        req = encoder.request()
         out = StreamOut(send, tap, extra, self._scrub)
         while True:
             last = state.rounds > self.max_rounds
@@ -157,11 +184,14 @@ class ResponsesReader(ReaderBase):
             if rnd.ours and not rnd.theirs and not last and rnd.terminal is not None:
                 results = await self._results(identity, rnd.ours, state.rounds, settled)
                 state.internal += [*rnd.output, *results]
-                req = self._next(body, items, rnd.output, results, rnd.response_id)
+                state.wire += [orjson.dumps(i) for i in (*rnd.output, *results)]
+                req = self._next(encoder, rnd.output, results, rnd.response_id)
                 state.rounds += 1
                 continue
             for chunk in rnd.finish(state.usage):
                 await out.emit(chunk)
+            if rnd.ours and rnd.terminal is not None:
+                await self._dropped(state, identity, rnd.output, rnd.ours, settled)
             break
         if settled is not None:
             await settled()
@@ -177,11 +207,29 @@ class _ClientView:
     def __init__(self) -> None:
         self.items: list[Any] = []
         self._seq = 0
+        # Nothing was withheld yet: the upstream's own numbering is the client's.
+        self.exact = True
+        self.withheld = False  # an item was withheld (the terminal's output is not the client's)
 
     def sequence(self) -> int:
         seq = self._seq
         self._seq += 1
         return seq
+
+    def number(self, given: Any) -> int | None:
+        """The client's ``sequence_number`` for an event the upstream numbered ``given``; None
+        when it stays as it came."""
+        if not isinstance(given, int) or isinstance(given, bool):
+            return None  # not numbered upstream: not numbered here
+        if self.exact:
+            self._seq = given + 1
+            return None
+        seq = self.sequence()
+        return None if seq == given else seq
+
+
+# One event as it came: (event name, type, data, its bytes)
+_Held = tuple[str, str, dict[str, Any], bytes]
 
 
 class _Round:
@@ -191,64 +239,80 @@ class _Round:
         self.is_ours = ours
         self.view = view
         self.first = first
+        if not first:
+            view.exact = False  # a later round numbers its events from 0 again
         self.ours: list[dict[str, Any]] = []
         self.theirs: list[Any] = []
         self.output: list[Any] = []  # every item of the round, in order (for the next input)
         self.usage: Any = None
         self.response_id: Any = None
-        self.terminal: tuple[str, dict[str, Any]] | None = None
+        self.terminal: _Held | None = None
         self.failed = False
         self._index: dict[int, int] = {}  # upstream output_index -> the client's
         self._hidden: set[int] = set()  # upstream output_index withheld
-        self._held: list[tuple[str, dict[str, Any]]] = []  # a reasoning item's events, pending
+        self._held: list[_Held] = []  # a reasoning item's events, pending
         self._held_index: int | None = None
 
-    def _out(self, name: str, data: dict[str, Any]) -> bytes:
-        return _event(name, {**data, "sequence_number": self.view.sequence()})
+    def _out(self, name: str, kind: str, data: dict[str, Any], raw: bytes,
+             changes: dict[str, Any] | None = None) -> bytes:
+        """The event for the client: as it came, or with the members ``changes`` names (and
+        its ``sequence_number``, once the numbering moved) spliced in."""
+        replace = {k: json.dumps(v) for k, v in (changes or {}).items()}
+        seq = self.view.number(data.get("sequence_number"))
+        if seq is not None:
+            replace["sequence_number"] = json.dumps(seq)
+        if not replace:
+            return frame(name, raw)
+        return frame(name or kind, json.splice(json.members(raw), replace))
+
+    def _withhold(self) -> list[bytes]:
+        self.view.exact = False
+        return []
 
     def feed(self, name: str, raw: bytes) -> list[bytes]:
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return [b"data: " + raw + b"\n\n"]
+            return [frame(name, raw)]
         if not isinstance(data, dict):
-            return [b"data: " + raw + b"\n\n"]
+            return [frame(name, raw)]
         found = data.get("type")
         kind: str = found if isinstance(found, str) else name
         if kind == "error" or name == "error":
             self.failed = True
-            return [self._out(name or "error", data)]
+            return [self._out(name, kind or "error", data, raw)]
         if kind in _OPENING:
             response = data.get("response")
             if isinstance(response, dict):
                 self.response_id = response.get("id")
-            return [self._out(kind, data)] if self.first else []
+            return [self._out(name, kind, data, raw)] if self.first else self._withhold()
         if kind in _TERMINAL:
             response = data.get("response")
             if isinstance(response, dict):
                 self.usage = response.get("usage")
                 self.response_id = response.get("id", self.response_id)
-            self.terminal = (kind, data)
+            self.terminal = (name, kind, data, raw)
             return self._flush()
         index = data.get("output_index")
-        if not isinstance(index, int):
-            return [self._out(kind, data)]
+        if not isinstance(index, int) or isinstance(index, bool):
+            return [self._out(name, kind, data, raw)]
         if kind == "response.output_item.added":
             item = data.get("item")
             if self.is_ours(item):
                 self._hidden.add(index)
+                self.view.withheld = True
                 # A reasoning item that leads straight into the proxy's call goes with it.
                 if self._held_index is not None:
                     self._hidden.add(self._held_index)
                     self._held.clear()
                     self._held_index = None
-                return []
+                return self._withhold()
             out = self._flush()
             if isinstance(item, dict) and item.get("type") == "reasoning":
                 self._held_index = index
-                self._held.append((kind, data))
+                self._held.append((name, kind, data, raw))
                 return out
-            return out + self._visible(kind, data, index)
+            return out + self._visible((name, kind, data, raw), index)
         if kind == "response.output_item.done":
             item = data.get("item")
             if isinstance(item, dict):
@@ -258,20 +322,21 @@ class _Round:
                 elif item.get("type") in _CLIENT_CALLS:
                     self.theirs.append(item)
         if index in self._hidden:
-            return []
+            return self._withhold()
         if index == self._held_index:
-            self._held.append((kind, data))
+            self._held.append((name, kind, data, raw))
             return []
-        return self._visible(kind, data, index)
+        return self._visible((name, kind, data, raw), index)
 
-    def _visible(self, kind: str, data: dict[str, Any], index: int) -> list[bytes]:
+    def _visible(self, event: _Held, index: int) -> list[bytes]:
+        name, kind, data, raw = event
         if index not in self._index:
             self._index[index] = len(self.view.items)
             self.view.items.append(None)
         mine = self._index[index]
         if kind == "response.output_item.done":
             self.view.items[mine] = data.get("item")
-        return [self._out(kind, {**data, "output_index": mine})]
+        return [self._out(name, kind, data, raw, {"output_index": mine} if mine != index else None)]
 
     def _flush(self) -> list[bytes]:
         held, self._held = self._held, []
@@ -279,22 +344,24 @@ class _Round:
         if index is None:
             return []
         out: list[bytes] = []
-        for kind, data in held:
-            out += self._visible(kind, data, index)
+        for event in held:
+            out += self._visible(event, index)
         return out
 
     def finish(self, usage: Any) -> list[bytes]:
-        """The terminal event of the answer's round, with what the client saw in all rounds."""
+        """The terminal event of the answer's round: after several rounds, or items withheld,
+        with what the client saw in all rounds (usage summed when there were rounds before)."""
         if self.terminal is None:
             return []
-        kind, data = self.terminal
+        name, kind, data, raw = self.terminal
         response = data.get("response")
-        if isinstance(response, dict):
+        changes: dict[str, Any] | None = None
+        if isinstance(response, dict) and (self.view.withheld or not self.first):
             response = {**response, "output": [i for i in self.view.items if i is not None]}
-            if usage is not None:
+            if usage is not None and not self.first:
                 response["usage"] = usage
-            data = {**data, "response": response}
-        return [self._out(kind, data)]
+            changes = {"response": response}
+        return [self._out(name, kind, data, raw, changes)]
 
 
 def _response(payload: bytes) -> dict[str, Any] | None:

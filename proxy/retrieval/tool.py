@@ -76,11 +76,18 @@ class ReadTool:
         }
 
     def needed(self, messages: Sequence[Any]) -> bool:
-        """Whether the forwarded messages point at the proxy's files (a notice or a summary)."""
+        """Whether the forwarded messages point at the proxy's files (a notice or a summary)
+        or hold the proxy's own calls (its read rounds put back: the tool they call must stay
+        defined, or the provider refuses the history and its cache misses)."""
         for m in messages:
             if not isinstance(m, dict):
                 continue
-            if m.get("role") in ("tool", "function"):
+            if m.get("role") == "assistant":
+                for call in m.get("tool_calls") or ():
+                    fn = call.get("function") if isinstance(call, dict) else None
+                    if isinstance(fn, dict) and fn.get("name") == self.name:
+                        return True
+            elif m.get("role") in ("tool", "function"):
                 content = m.get("content")
                 text = content if isinstance(content, str) else _first_text(content)
                 notice = parse_notice(text) if text else None

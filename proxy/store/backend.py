@@ -21,12 +21,14 @@ from .gc import GcReport, collect
 from .interfaces import (
     FileKind,
     MemoryStore,
+    RoundStore,
     SessionIndex,
     SharedSummaries,
     StoreBackend,
     Summaries,
 )
 from .memory import MemoryFiles
+from .rounds import SqliteRounds
 from .summaries import SummaryStore
 from .tool_results import ToolResultStore
 from .usage import DiskUsage
@@ -85,6 +87,8 @@ class FilesBackend:
             self.sessions = self.database
         self.memory: MemoryStore | None = (
             MemoryFiles(self.database, self.data_dir) if self.database is not None else None)
+        self.rounds: RoundStore | None = (
+            SqliteRounds(self.database) if self.database is not None else None)
 
     @property
     def failures(self) -> int:

@@ -1,7 +1,7 @@
 """The one embedded SQLite database under ``data_dir`` (SPEC section 3, "Shared state").
 
-It holds the dialog message index, the per-file line counters of the archive, the summary cache
-and per-session counters. Files on disk are the record for people; this database is what makes
+It holds the dialog message index, the per-file line counters of the archive, the summary cache,
+per-session counters, long-term memory's index and the proxy's replayed read rounds. Files on disk are the record for people; this database is what makes
 "has this message been written?" and "is there a summary for this prefix?" one indexed query.
 
 Connection policy, and why:
@@ -162,6 +162,19 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         # When a thinking block of the session was first refused by Anthropic's prefix check
         # (NULL: never): its requests then go with drop_block (proxy.upstream.thinking).
         "ALTER TABLE sessions ADD COLUMN thinking_dropped_at TEXT",
+    ),
+    (
+        # The proxy's own read rounds of an answer, put back before it on later turns
+        # (proxy.store.rounds): keyed by the answer as the client got it.
+        """CREATE TABLE rounds (
+            tenant     TEXT NOT NULL,
+            session    TEXT NOT NULL,
+            answer_key TEXT NOT NULL,
+            body       BLOB NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (tenant, session, answer_key)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX rounds_by_time ON rounds (created_at)",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -106,6 +106,8 @@ def expire_archive(data_dir: Path, db: Database | None, cutoff: float) -> tuple[
                 "DELETE FROM summaries WHERE created_at < ?", (stamp,)
             ).rowcount
             sessions = conn.execute("DELETE FROM sessions WHERE last_seen < ?", (stamp,)).rowcount
+            # Read rounds go with the archive they belong to (their answers age out with it).
+            conn.execute("DELETE FROM rounds WHERE created_at < ?", (stamp,))
     _remove_empty_dirs(data_dir)
     return files, summaries, sessions
 

@@ -6,6 +6,7 @@
     SessionIndex  per-session counters (/files), thinking flags       store.db
     MemoryStore   long-term memory: notes, versions, pins, fold lock  store.memory
     SessionFiles  a session's files as /files and the read tool see them   store.session_files
+    RoundStore    the proxy's read rounds of an answer, replayed later  store.rounds
     SharedSummaries  Summaries many replicas write, with claims      store.postgres.summaries
 
 A :class:`StoreBackend` bundles one of each: :class:`proxy.store.backend.FilesBackend` (files
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .fs import Entry
     from .gc import GcReport
     from .memory import FoldClaim, MemoryVersion, ScopeRow
+    from .rounds import RoundsRecord
     from .summaries import SummaryRecord
     from .usage import DiskUsage
 
@@ -40,6 +42,7 @@ __all__ = [
     "FileKind",
     "MemoryStore",
     "Originals",
+    "RoundStore",
     "SessionFiles",
     "SessionIndex",
     "SharedSummaries",
@@ -141,6 +144,15 @@ class MemoryStore(Protocol):
                     now: datetime | None = None) -> MemoryVersion | None: ...
 
 
+class RoundStore(Protocol):
+    """The proxy's read rounds per answer, keyed by the answer (see store.rounds): one record
+    per key, the first one written."""
+
+    def put(self, record: RoundsRecord, *, now: datetime | None = None) -> None: ...
+
+    def find(self, tenant: str, session: str, keys: Sequence[str]) -> list[RoundsRecord]: ...
+
+
 class SharedSummaries(Summaries, Protocol):
     """Summaries other replicas write too: no in-memory index can be trusted, and a summarizer
     call is claimed first so one replica makes it (see store.postgres.summaries)."""
@@ -195,6 +207,11 @@ class StoreBackend(Protocol):
     @property
     def memory(self) -> MemoryStore | None:
         """Long-term memory's notes, versions, pins and fold lock (None: not on this backend)."""
+        ...
+
+    @property
+    def rounds(self) -> RoundStore | None:
+        """The proxy's read rounds, replayed on later turns (None: the index is unavailable)."""
         ...
 
     @property

@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,11 +154,13 @@ def _workdir(files: int, lines: int) -> Iterator[tuple[Path, Path]]:
 def run_session(
     binary: Path, config: Config | None, fake: FakeUpstream, fake_url: str, *, reads: int = 6,
     lines: int = 1200, timeout_s: float = 240, model: str = MODEL,
+    answer: Callable[[dict[str, Any]], Reply | None] | None = None,
 ) -> Session:
     """One ``claude -p`` session through a proxy built from ``config`` (its anthropic upstream
     pointed at ``fake_url``) in front of ``fake``, with ``model`` as Claude Code's model.
     ``config`` None: Claude Code talks to the fake itself (a control: what the client alone
-    sends; no ``turns``, no ``sent``)."""
+    sends; no ``turns``, no ``sent``). ``answer`` answers a request first when it returns a
+    reply (the proxy's read tool, say); the scripted reads otherwise."""
     done = {"reads": 0}
 
     def responder(req: dict[str, Any]) -> Reply:
@@ -166,6 +168,9 @@ def run_session(
             return Reply(content=SUMMARY)
         if not req.get("tools"):
             return Reply(content="ok")
+        own = answer(req) if answer is not None else None
+        if own is not None:
+            return own
         if done["reads"] >= reads:
             return Reply(content=FINAL, reasoning="every file is read")
         n = done["reads"]

@@ -1,6 +1,6 @@
 """The PostgreSQL backend (``storage.url: postgresql://...``): every kind of state in one
 database that many ``ctxproxy serve`` replicas share. One module per kind (``originals``,
-``dialog``, ``summaries``, ``sessions``, ``memory``), the schema and its migrations in
+``dialog``, ``summaries``, ``sessions``, ``memory``, ``rounds``), the schema and its migrations in
 ``schema``, the connection pool and its fault handling in ``pool``. Nothing is kept on local disk; what a
 replica holds in memory is only a cache.
 """
@@ -23,6 +23,7 @@ from .dialog import PgDialog
 from .memory import PgMemory
 from .originals import PgOriginals
 from .pool import PgPool
+from .rounds import PgRounds
 from .schema import SCHEMA_VERSION, upgrade
 from .sessions import PgSessions
 from .summaries import PgSummaries
@@ -113,6 +114,7 @@ class PostgresBackend:
         self.pg_memory = PgMemory(self.pool)  # typed as itself: collect() expires through it
         self.memory: MemoryStore | None = self.pg_memory
         self.sessions = PgSessions(self.pool)
+        self.rounds = PgRounds(self.pool)
         self.files = PgFiles(self.dialog, self.originals, self.summaries, self.sessions)
 
     @property
@@ -162,6 +164,7 @@ class PostgresBackend:
                                              (cutoff,)).rowcount
                     sessions = conn.execute("DELETE FROM sessions WHERE last_seen < %s",
                                             (cutoff,)).rowcount
+                    conn.execute("DELETE FROM rounds WHERE created_at < %s", (cutoff,))
         if cutoff is not None:
             memory = self.pg_memory.expire(cutoff)
         report = GcReport(tool_results=deleted, dialog_files=files, memory_files=memory,

@@ -6,7 +6,8 @@ into the archive keep their meaning; every archive line is copied with its physi
 again: rows that exist are left alone (``ON CONFLICT DO NOTHING``), files whose line count the
 database already holds are skipped. Long-term memory comes too: every scope's row, versions and
 pins from SQLite, its daily notes from ``<tenant>/memory/<scope>/memory/`` (a day the database
-already has is left alone; the ``MEMORY.md`` files are copies of the versions).
+already has is left alone; the ``MEMORY.md`` files are copies of the versions). So do the read
+rounds kept per answer, their bytes as they are.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class CopyReport:
     sessions: int = 0
     memory_days: int = 0
     memory_versions: int = 0
+    rounds: int = 0
 
 
 def copy_data_dir(data_dir: Path, pool: PgPool) -> CopyReport:
@@ -55,6 +57,7 @@ def copy_data_dir(data_dir: Path, pool: PgPool) -> CopyReport:
         if db is not None:
             _copy_rows(db, pool, report)
             _copy_memory_rows(db, pool, report)
+            _copy_rounds(db, pool, report)
     finally:
         if db is not None:
             db.close()
@@ -173,3 +176,14 @@ def _copy_memory_rows(db: Database, pool: PgPool, report: CopyReport) -> None:
                 """INSERT INTO memory_pins (tenant, scope, session, epoch, version, created_at)
                    VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
                 (t, s, session, epoch, v, parse_ts(created)))
+
+
+def _copy_rounds(db: Database, pool: PgPool, report: CopyReport) -> None:
+    with db.connect() as src:
+        rows = src.execute("SELECT tenant, session, answer_key, body, created_at FROM rounds").fetchall()
+    with pool.connection() as conn, conn.transaction():
+        for t, s, answer_key, body, created in rows:
+            report.rounds += conn.execute(
+                """INSERT INTO rounds (tenant, session, answer_key, body, created_at)
+                   VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                (t, s, answer_key, bytes(body), parse_ts(created))).rowcount

@@ -27,6 +27,8 @@ Tables, one per kind (the module that owns it in brackets; the version that adde
   -- version 3
   sessions.thinking_dropped_at  when Anthropic's prefix check first refused a thinking block
                    of the session (its requests then go with drop_block)        [sessions]
+  -- version 4
+  rounds           the proxy's read rounds of an answer, replayed later          [rounds]
 """
 
 from __future__ import annotations
@@ -179,6 +181,17 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     ),
     (  # 3: the sessions whose thinking blocks need drop_block (proxy.upstream.thinking)
         "ALTER TABLE sessions ADD COLUMN thinking_dropped_at TIMESTAMPTZ",
+    ),
+    (  # 4: the proxy's read rounds, replayed on later turns
+        """CREATE TABLE rounds (
+            tenant     TEXT NOT NULL,
+            session    TEXT NOT NULL,
+            answer_key TEXT NOT NULL,
+            body       BYTEA NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (tenant, session, answer_key)
+        )""",
+        "CREATE INDEX rounds_by_time ON rounds (created_at)",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
