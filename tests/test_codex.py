@@ -136,10 +136,15 @@ def test_codexs_next_request_gets_the_proxys_read_round_back(
     assert steps == ["seq", "read", "answer", "final"]
     raw = [r.body for r in fake.received if r.path.endswith("/responses")]
     items = [[bytes(i) for i in json.array_items(json.members(b)["input"])] for b in raw]
-    loop, later = items[2], items[3]  # the loop's own second round; Codex's next request
-    internal = loop[len(items[1]):]
+    # The loop's own second round (its input ends with the proxy's read result), the round
+    # before it, and Codex's next request holding the answer (found by content: Codex may
+    # send other requests in between).
+    n = next(k for k, it in enumerate(items) if b'"call_ours"' in it[-1])
+    loop = items[n]
+    internal = loop[len(items[n - 1]):]
     assert [orjson.loads(i)["type"] for i in internal] == [
         "reasoning", "function_call", "function_call_output"]
+    later = next(it for it in items[n + 1:] if b'"call_step_1"' in b"".join(it))
     at = later.index(internal[0])
     assert later[at:at + 3] == internal  # byte for byte
     answer = [orjson.loads(i) for i in later[at + 3:at + 5]]

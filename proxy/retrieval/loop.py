@@ -262,10 +262,24 @@ class StreamOut:
         self.extra = extra
         self.scrub = scrub
         self.started = False
+        self._held: list[bytes] = []
 
     async def emit(self, chunk: bytes) -> None:
         self.tap(chunk)
         await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    def hold(self, chunk: bytes) -> None:
+        """The end of the answer: tapped now (the answer is complete for what is kept before
+        it goes out: the archive, the read rounds a next turn replays), sent by :meth:`release`.
+        A client acts on the answer's last events at once (Codex runs the command and sends its
+        next request), so nothing it could send next may overtake what the proxy keeps."""
+        self.tap(chunk)
+        self._held.append(chunk)
+
+    async def release(self) -> None:
+        held, self._held = self._held, []
+        for chunk in held:
+            await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
 
     async def relay(
         self, resp: aiohttp.ClientResponse, feed: Callable[[str, bytes], Iterable[bytes]]
@@ -415,7 +429,7 @@ class Reader(ReaderBase):
                 state.rounds += 1
                 continue
             for chunk in rnd.finish(meta):
-                await out.emit(chunk)
+                out.hold(chunk)
             if rnd.ours:
                 whole = {"role": "assistant", "content": rnd.text or None,
                          "tool_calls": rnd.all_calls()}
@@ -424,16 +438,17 @@ class Reader(ReaderBase):
         if rnd.usage_sent:
             pass
         elif state.rounds == 0 and rnd.usage_chunk is not None:
-            await out.emit(frame("", rnd.usage_chunk))  # one round: its usage as it came
+            out.hold(frame("", rnd.usage_chunk))  # one round: its usage as it came
         elif state.usage is not None:
-            await out.emit(b"data: " + orjson.dumps({**meta, "object": "chat.completion.chunk",
-                                                       "choices": [], "usage": state.usage})
-                           + b"\n\n")
+            out.hold(b"data: " + orjson.dumps({**meta, "object": "chat.completion.chunk",
+                                                "choices": [], "usage": state.usage})
+                     + b"\n\n")
         if settled is not None:
             await settled()  # held writes done before the answer is complete
-        await out.emit(_DONE)
+        out.hold(_DONE)
         if finish is not None:
             await finish(state)
+        await out.release()
         await out.end()
         return state
 

@@ -187,7 +187,7 @@ class MessagesReader(ReaderBase):
                 state.rounds += 1
                 continue
             for chunk in rnd.finish(state.usage, bool(ours) and not theirs):
-                await out.emit(chunk)
+                out.hold(chunk)
             if ours and rnd.stopped:
                 await self._dropped(state, identity, said, ours, settled)
             break
@@ -195,6 +195,7 @@ class MessagesReader(ReaderBase):
             await settled()
         if finish is not None:
             await finish(state)
+        await out.release()
         await out.end()
         return state
 

@@ -189,7 +189,7 @@ class ResponsesReader(ReaderBase):
                 state.rounds += 1
                 continue
             for chunk in rnd.finish(state.usage):
-                await out.emit(chunk)
+                out.hold(chunk)
             if rnd.ours and rnd.terminal is not None:
                 await self._dropped(state, identity, rnd.output, rnd.ours, settled)
             break
@@ -197,6 +197,7 @@ class ResponsesReader(ReaderBase):
             await settled()
         if finish is not None:
             await finish(state)
+        await out.release()
         await out.end()
         return state
 
