@@ -15,7 +15,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-import orjson
 from starlette.types import Receive, Scope, Send
 
 from .asgi import JSON_CT, Headers, read_body, run_until_disconnect, send_whole, timing_of
@@ -145,7 +144,10 @@ class Conversation:
             work = _via_litellm(svc, params, {**body, "messages": forwarded}, extra, scope, send,
                                 tap)
         elif reads and reader is not None:
-            loop_body = reader.with_tool(orjson.loads(out))
+            # The loops splice each round into ``out``'s bytes; of the parsed body they read
+            # only top-level fields, which the pipeline never changes: the client's body serves,
+            # not a second parse of the forwarded one (megabytes on every agent request).
+            loop_body = reader.with_tool(body)
             work = _via_reads(reader, fmt, svc, scope, send, loop_body, extra, tap, identity,
                               rounds, writes, out, finish, binding)
         else:
