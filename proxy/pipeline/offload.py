@@ -33,7 +33,7 @@ from .epoch import ageing_epoch
 from .model import FileWrite, Message, RequestView, StageOutcome
 from .native import native, newest_compaction
 from .notice import parse_notice
-from .quotes import protected_reads
+from .quotes import choose, working_set
 from .truncate import recut, truncate
 from .turns import RESULT_ROLES
 
@@ -167,6 +167,9 @@ class Offloader:
         self._cache: LRU[tuple[str, str, str], _Entry] = LRU(
             cache_bytes, lambda key, _: len(key[2])
         )
+        # Quote protection's working set per session epoch (it depends on history[:seen]
+        # alone): parsing every call of a long history again on each request is the cost.
+        self._working: LRU[tuple[str, str, int, str], Mapping[int, str]] = LRU(4096)
         # The smallest size any cut applies to: anything at or below it is never touched.
         self._floor = min(config.old_max_bytes, config.recent_max_bytes) + config.slack_bytes
 
@@ -348,11 +351,25 @@ class Offloader:
                     request.identity, text, self._budget(True, rc.markdown if rc else False), rc
                 )[0] or text
                 candidates[i] = len(kept.encode("utf-8", "surrogatepass"))
-        spare = protected_reads(
-            messages, len(messages) if seen is None else seen, candidates, c.read_tools,
-            recent_turns=c.protect_recent_turns, budget=budget,
-        )
-        return aged_upto, spare
+        return aged_upto, choose(
+            self._working_set(messages, request, len(messages) if seen is None else seen),
+            candidates, budget)
+
+    def _working_set(
+        self, messages: list[Message], request: RequestView, seen: int
+    ) -> Mapping[int, str]:
+        c = self.config
+        chains = request.chains
+        if not (0 < seen <= len(chains) == len(messages)):
+            return working_set(messages, seen, c.read_tools, recent_turns=c.protect_recent_turns)
+        ident = request.identity
+        key = (ident.tenant, ident.session, seen, chains[seen - 1])
+        found = self._working.get(key)
+        if found is None:
+            found = working_set(messages, seen, c.read_tools,
+                                recent_turns=c.protect_recent_turns)
+            self._working.put(key, found)
+        return found
 
     def run(
         self, messages: list[Message], request: RequestView, *, aged_turns: int | None,

@@ -30,7 +30,8 @@ from ..config import ReadTool
 from .ageing import tool_turns
 from .model import Message
 
-__all__ = ["edited_paths", "file_reads", "patch_paths", "protected_reads", "shell_read_paths"]
+__all__ = ["choose", "edited_paths", "file_reads", "patch_paths", "protected_reads",
+           "shell_read_paths", "working_set"]
 
 # Commands whose output is (a slice of) the files they name.
 _READERS: Final = frozenset({"cat", "sed", "head", "tail", "nl"})
@@ -200,6 +201,48 @@ def _same_file(a: str, b: str) -> bool:
     return not b.startswith("/") and a.endswith("/" + b)
 
 
+def working_set(
+    history: Sequence[Message], seen: int, tools: Mapping[str, ReadTool], *, recent_turns: int,
+) -> Mapping[int, str]:
+    """The newest read of each hot path in ``history[:seen]`` (an edited path, or one read in
+    the newest ``recent_turns`` tool-call turns): its result's index -> the path. Depends on
+    ``history[:seen]`` alone, so a caller may keep it for the epoch."""
+    if seen <= 0:
+        return {}
+    then = history[:seen]
+    reads = file_reads(then, tools)
+    if not reads:
+        return {}
+    edited = edited_paths(then)
+    turn_of, turns = tool_turns(then)
+    newest: dict[str, int] = {}  # path -> index of its newest read's result
+    recent: set[str] = set()
+    for i, m in enumerate(then):
+        cid = m.get("tool_call_id") if m.get("role") in ("tool", "function") else None
+        paths = reads.get(cid) if isinstance(cid, str) else None
+        for p in paths or ():
+            newest[p] = i
+            if turn_of.get(i, 0) >= turns - recent_turns:
+                recent.add(p)
+    return {i: p for p, i in newest.items()
+            if p in recent or any(_same_file(p, e) for e in edited)}
+
+
+def choose(working: Mapping[int, str], candidates: Mapping[int, int], budget: int
+           ) -> frozenset[int]:
+    """Of the working set's reads that stage 2 would cut (``candidates``: index -> the bytes
+    its stage-1 form keeps), the newest first while their sizes fit ``budget``."""
+    chosen: set[int] = set()
+    spent = 0
+    for i in sorted((i for i in working if i in candidates), reverse=True):
+        size = candidates[i]
+        if spent + size > budget:
+            break
+        chosen.add(i)
+        spent += size
+    return frozenset(chosen)
+
+
 def protected_reads(
     history: Sequence[Message],
     seen: int,
@@ -212,32 +255,7 @@ def protected_reads(
     """The indices of ``candidates`` (result index -> the bytes its stage-1 form keeps: the
     results stage 2 would cut) that are the newest read of a hot path in ``history[:seen]``,
     newest first while their sizes fit ``budget``."""
-    if not candidates or budget <= 0 or seen <= 0:
+    if not candidates or budget <= 0:
         return frozenset()
-    then = history[:seen]
-    reads = file_reads(then, tools)
-    if not reads:
-        return frozenset()
-    edited = edited_paths(then)
-    turn_of, turns = tool_turns(then)
-    newest: dict[str, int] = {}  # path -> index of its newest read's result
-    recent: set[str] = set()
-    for i, m in enumerate(then):
-        cid = m.get("tool_call_id") if m.get("role") in ("tool", "function") else None
-        paths = reads.get(cid) if isinstance(cid, str) else None
-        for p in paths or ():
-            newest[p] = i
-            if turn_of.get(i, 0) >= turns - recent_turns:
-                recent.add(p)
-    hot = [p for p, i in newest.items() if i in candidates and (
-        p in recent or any(_same_file(p, e) for e in edited)
-    )]
-    chosen: set[int] = set()
-    spent = 0
-    for i in sorted({newest[p] for p in hot}, reverse=True):
-        size = candidates[i]
-        if spent + size > budget:
-            break
-        chosen.add(i)
-        spent += size
-    return frozenset(chosen)
+    return choose(working_set(history, seen, tools, recent_turns=recent_turns), candidates,
+                  budget)
