@@ -56,7 +56,6 @@ from session import CONSTRAINTS, canonical_units, is_internal, stability  # benc
 import proxy
 from proxy.app import create_app
 from proxy.compaction.message import SUMMARY_HEADING
-from proxy.config import config_from_mapping
 from proxy.demo import MODEL, WIRES, ScriptedModel, drive, script
 from proxy.pipeline.tokens import TokenCounter
 from proxy.testing.fake_upstream import FakeUpstream
@@ -212,13 +211,9 @@ def play(fmt: str, args: argparse.Namespace, tokens: Tokens, *, direct: bool) ->
                                           model_delay_s=0.0, text_every=4)
     fake = FakeUpstream(responder=responder, models=(MODEL,))
     with tempfile.TemporaryDirectory() as tmp, serve_in_thread(fake) as upstream:
-        config = config_from_mapping({
-            "upstream": {"base_url": upstream.url + "/v1"},
-            "anthropic": {"base_url": upstream.url},
-            "storage": {"data_dir": tmp},
-            "compaction": {"context_windows": {MODEL: args.window}},
-            **({"offload": {"age_policy": args.age_policy}} if args.age_policy else {}),
-        })
+        config = session_messages.bench_config(
+            upstream.url, tmp, args.window,
+            **({"offload": {"age_policy": args.age_policy}} if args.age_policy else {}))
 
         async def session(url: str) -> int:
             if fmt == "messages":

@@ -30,7 +30,7 @@ import orjson
 from session import stability  # bench/session.py: the same measure for both formats
 
 from proxy.app import create_app
-from proxy.config import config_from_mapping
+from proxy.config import Config, config_from_mapping
 from proxy.demo import MODEL, SYSTEM, TASK, TOOLS, ScriptedModel, TurnFigures, drive, script
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import serve_in_thread
@@ -147,6 +147,18 @@ def report(name: str, figures: list[TurnFigures], forwarded: list[dict[str, Any]
           f"{sum(1 for s in stab if s < 0.5):5}")
 
 
+def bench_config(upstream_url: str, data_dir: str, window: int, **more: Any) -> Config:
+    """A proxy in front of the fake at ``upstream_url`` (both APIs), its data in ``data_dir``,
+    ``window`` tokens for the scripted model; ``more``: other sections."""
+    return config_from_mapping({
+        "upstream": {"base_url": upstream_url + "/v1"},
+        "anthropic": {"base_url": upstream_url},
+        "storage": {"data_dir": data_dir},
+        "compaction": {"context_windows": {MODEL: window}},
+        **more,
+    })
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=64, help="tool calls in each session")
@@ -155,12 +167,7 @@ def main() -> None:
     model = Model(args.steps)
     fake = FakeUpstream(responder=model, models=(MODEL,))
     with tempfile.TemporaryDirectory() as tmp, serve_in_thread(fake) as upstream:
-        config = config_from_mapping({
-            "upstream": {"base_url": upstream.url + "/v1"},
-            "anthropic": {"base_url": upstream.url},
-            "storage": {"data_dir": tmp},
-            "compaction": {"context_windows": {MODEL: args.window}},
-        })
+        config = bench_config(upstream.url, tmp, args.window)
         with serve_in_thread(create_app(config), lifespan="on") as proxy:
             chat = asyncio.run(drive(proxy.url, model.chat, follow_ups=FOLLOW_UPS, max_turns=500))
             messages = asyncio.run(drive_messages(proxy.url, model.messages))
