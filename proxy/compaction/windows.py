@@ -25,7 +25,14 @@ import orjson
 
 from proxy import tokenizer_data
 
-__all__ = ["DEFAULT_CONTEXT_WINDOW", "PROVIDER_PREFIXES", "ContextWindows", "load_model_map"]
+__all__ = [
+    "DEFAULT_CONTEXT_WINDOW",
+    "PROVIDER_PREFIXES",
+    "ContextWindows",
+    "fallback_variants",
+    "load_model_map",
+    "name_variants",
+]
 
 DEFAULT_CONTEXT_WINDOW: Final = 128_000
 
@@ -135,7 +142,7 @@ def load_model_map(path: Path) -> tuple[dict[str, int], dict[str, int]]:
     return windows, outputs
 
 
-def _variants(model: str) -> Iterator[str]:
+def name_variants(model: str) -> Iterator[str]:
     """Spellings of ``model`` from most to least specific: as given, then provider-stripped."""
     name = model.strip().lower()
     yield name
@@ -144,7 +151,7 @@ def _variants(model: str) -> Iterator[str]:
         yield name
 
 
-def _fallback_variants(bare: str) -> Iterator[str]:
+def fallback_variants(bare: str) -> Iterator[str]:
     """Last-resort spellings of the bare name: date suffix removed, dots between digits dashed."""
     undated = _DATE_SUFFIX.sub("", bare)
     if undated != bare:
@@ -241,12 +248,12 @@ class ContextWindows:
     ) -> tuple[int, str] | None:
         """Map lookup: exact, provider-stripped, "<provider>/<name>", date/dot variants, and
         finally the provider-neutral index (most common window among keys naming the model)."""
-        variants = list(_variants(model))
+        variants = list(name_variants(model))
         for name in variants:
             if name in table:
                 return table[name], name
         bare = variants[-1]
-        spellings = (bare, *_fallback_variants(bare))
+        spellings = (bare, *fallback_variants(bare))
         # Provider-listed spellings first (a first-party entry beats any reseller's) ...
         for name in spellings:
             if name in table:
@@ -273,7 +280,7 @@ class ContextWindows:
         result: tuple[int, str]
         # Overrides only by the given name or provider-stripped names: a config entry is exact
         # intent, so it is not subjected to the date/dot heuristics.
-        for name in _variants(model):
+        for name in name_variants(model):
             if name in self._overrides:
                 result = (self._overrides[name], f"override:{name}")
                 break

@@ -7,6 +7,7 @@
     MemoryStore   long-term memory: notes, versions, pins, fold lock  store.memory
     SessionFiles  a session's files as /files and the read tool see them   store.session_files
     RoundStore    the proxy's read rounds of an answer, replayed later  store.rounds
+    LedgerStore   the cost ledger: one row per billed call, totals per session  store.ledger
     SharedSummaries  Summaries many replicas write, with claims      store.postgres.summaries
 
 A :class:`StoreBackend` bundles one of each: :class:`proxy.store.backend.FilesBackend` (files
@@ -27,6 +28,7 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
+    from ..ledger.entry import LedgerEntry, LedgerTotals
     from .chains import DigestCacheLike
     from .db import SessionRow
     from .dialog import FileSpan, RecordResult
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DialogStore",
     "FileKind",
+    "LedgerStore",
     "MemoryStore",
     "Originals",
     "RoundStore",
@@ -153,6 +156,37 @@ class RoundStore(Protocol):
     def find(self, tenant: str, session: str, keys: Sequence[str]) -> list[RoundsRecord]: ...
 
 
+class LedgerStore(Protocol):
+    """The cost ledger (:mod:`proxy.ledger.entry`): one row per billed call, and per-session
+    totals kept in step with the rows (so a tenant's page is one query, not a scan)."""
+
+    def add(self, entries: Sequence[LedgerEntry]) -> None:
+        """Keep entries (an id already kept is ignored: a retried write adds nothing)."""
+        ...
+
+    def entries(self, tenant: str, session: str, *, kind: str | None = None,
+                limit: int | None = None) -> list[LedgerEntry]:
+        """A session's entries, oldest first (``limit``: the newest that many)."""
+        ...
+
+    def entry(self, tenant: str, session: str, entry_id: str) -> LedgerEntry | None: ...
+
+    def last(self, tenant: str, session: str) -> LedgerEntry | None:
+        """The session's newest ``request`` or ``read_round`` entry (by ``ts``): what its next
+        request's cache is compared with."""
+        ...
+
+    def totals(self, tenant: str | None = None, *, search: str | None = None,
+               limit: int | None = None) -> list[LedgerTotals]:
+        """Per-session totals of ``tenant`` (None: every tenant), most recently active first;
+        ``search``: only sessions whose name contains it (case-insensitive)."""
+        ...
+
+    def expire(self, before: float) -> int:
+        """Delete entries older than ``before`` (unix seconds), totals adjusted; how many."""
+        ...
+
+
 class SharedSummaries(Summaries, Protocol):
     """Summaries other replicas write too: no in-memory index can be trusted, and a summarizer
     call is claimed first so one replica makes it (see store.postgres.summaries)."""
@@ -212,6 +246,11 @@ class StoreBackend(Protocol):
     @property
     def rounds(self) -> RoundStore | None:
         """The proxy's read rounds, replayed on later turns (None: the index is unavailable)."""
+        ...
+
+    @property
+    def ledger(self) -> LedgerStore | None:
+        """The cost ledger (None: the index is unavailable)."""
         ...
 
     @property
