@@ -282,7 +282,7 @@ def test_tool_result_html_has_numbered_lines_and_pages(corpus: Corpus) -> None:
     assert "start_line=2001&amp;lines=2000" in page and "next →" in page
     last = corpus.get(url, {**bearer(KEY_A), **HTML}, start_line=4001, lines=2000).text
     assert 'id="L5001"' in last and "next →" not in last and "start_line=2001" in last
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in last and "<script>" not in last
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in last and "<script>" not in last
 
 
 def test_tool_result_raw_and_json_windows(corpus: Corpus) -> None:

@@ -367,7 +367,7 @@ def test_tenants_and_scopes_never_see_each_others_memory(
     page = httpx.get(f"{srv.url}/files/{ta}/memory/default", headers={
         "authorization": f"Bearer {KEY_A}", "accept": "text/html"})
     assert page.status_code == 200 and "MEMORY-v0001.md" in page.text
-    assert "&quot;ALPHA-PREF-7d1e&quot;" in page.text  # escaped, as every value
+    assert "&#34;ALPHA-PREF-7d1e&#34;" in page.text  # escaped, as every value
     version = httpx.get(f"{srv.url}/files/{ta}/memory/default/versions/MEMORY-v0001.md",
                         headers={"authorization": f"Bearer {KEY_A}"})
     day = own.json()["days"][0]["url"]

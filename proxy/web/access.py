@@ -23,6 +23,7 @@ __all__ = [
     "Fmt",
     "Window",
     "ask_of",
+    "read_head",
     "read_window",
 ]
 
@@ -131,3 +132,17 @@ def read_window(fd: int, start: int, count: int | None, max_bytes: int) -> Windo
         if not last.endswith(b"\n"):
             number += 1
     return Window(number, start, lines, truncated)
+
+
+def read_head(fd: int, max_bytes: int) -> tuple[bytes, int]:
+    """The first ``max_bytes`` bytes of ``fd`` and its line count, counted as
+    :func:`read_window` counts them (a trailing newline adds none), the rest never held."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    with open(fd, "rb", buffering=_CHUNK, closefd=False) as handle:
+        head = handle.read(max_bytes)
+        number = head.count(b"\n")
+        last = head[-1:]
+        while chunk := handle.read(_CHUNK * 16):
+            number += chunk.count(b"\n")
+            last = chunk[-1:]
+    return head, number + (1 if last not in (b"", b"\n") else 0)

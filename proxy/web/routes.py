@@ -1,7 +1,8 @@
-"""``GET /files...``: sessions, summaries, dialogs and offloaded files (SPEC section 8).
+"""``GET /files...``: the dashboard: sessions, their cost, summaries, dialogs, offloaded files
+and what ctxproxy did to each request (SPEC section 8).
 
 Every view builds one JSON-able payload; JSON clients get it as is and browsers get it rendered
-by :mod:`proxy.web.render`, so both always show the same data.
+by :mod:`proxy.web.render`'s templates, so both always show the same data.
 
 The format a request gets is decided by :func:`proxy.web.access.ask_of`; index and session
 views have no text form and answer non-HTML clients with JSON.
@@ -14,11 +15,13 @@ anything else outside the name alphabet is simply not found.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import orjson
@@ -28,16 +31,20 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.auth import Caller
 from proxy.errors import AuthRequired, BadRequest, NotFound, OffloadedFileMissing, ProxyError
+from proxy.ledger.entry import Change, LedgerEntry
 from proxy.routes import services_of
 from proxy.services import Services
 from proxy.store.db import SessionRow, format_ts
 from proxy.store.dialog_read import parse_record
 from proxy.store.fs import Hidden, iter_chunks, valid_name
-from proxy.store.interfaces import FileKind
+from proxy.store.interfaces import FileKind, LedgerStore
 from proxy.store.memory import ScopeRow
 from proxy.store.paths import MEMORY_DIR, memory_version_name
-from proxy.web import render
-from proxy.web.access import Ask, Fmt, Window, ask_of, read_window
+from proxy.store.summaries import SummaryRecord
+from proxy.web import ledger as ledger_view
+from proxy.web.access import Ask, Fmt, Window, ask_of, read_head, read_window
+from proxy.web.diff import cut_diff, head_bytes
+from proxy.web.render import Pages
 
 __all__ = ["MAX_LINES", "PAGE_BYTES", "PAGE_LINES", "PAGE_RECORDS", "FilesApp"]
 
@@ -45,25 +52,41 @@ PAGE_LINES: Final = 2000  # offloaded-file lines per page (HTML and JSON)
 PAGE_RECORDS: Final = 200  # dialog records per page: each may hold a whole tool output
 PAGE_BYTES: Final = 4 << 20  # file bytes per HTML/JSON page, whatever the line count
 MAX_LINES: Final = 1_000_000  # largest ?lines= accepted
+MAX_QUERY: Final = 200  # characters of ?q= kept
 _DIALOG_NAME: Final = re.compile(r"\d{4}-\d{2}-\d{2}\.jsonl")
 _NUMBER: Final = re.compile(r"[0-9]{1,9}")
 _DAY_NAME: Final = re.compile(r"\d{4}-\d{2}-\d{2}\.md")
 _VERSION_NAME: Final = re.compile(r"MEMORY-v(\d{4,9})\.md")
 # Private data, and the files hold arbitrary tool output: never cached, never sniffed as HTML,
-# no scripts, frames or outbound requests.
+# no scripts, frames or outbound requests; a form (the index's search) may only GET /files.
 SECURITY_HEADERS: Final = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
-    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
 _TEXT: Final = "text/plain; charset=utf-8"
+_HTML: Final = "text/html; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class _Html:
+    """A view's answer for a browser: its payload, to be laid out by ``template``."""
+
+    template: str
+    payload: dict[str, Any]
+
+
+View = Response | _Html
 
 
 class FilesApp:
-    """The ASGI endpoint behind ``/files`` and ``/files/{rest:path}``."""
+    """The ASGI endpoint behind ``/files`` and ``/files/{rest:path}``; it owns the templates."""
+
+    def __init__(self) -> None:
+        self.pages = Pages()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -73,22 +96,28 @@ class FilesApp:
             caller = rt.gate.caller(request.headers, files=True, login=ask.query.get("login") == "1")
             rest: str = scope.get("path_params", {}).get("rest", "")
             # Disk and database work happens off the event loop; chat traffic must not wait.
-            response = await asyncio.to_thread(_dispatch, rt, caller, ask, rest)
+            response = await asyncio.to_thread(self._answer, rt, caller, ask, rest)
         except ProxyError as exc:
-            response = _error(exc, ask)
+            response = self._error(exc, ask)
         await response(scope, receive, send)
 
+    def _answer(self, rt: Services, caller: Caller, ask: Ask, rest: str) -> Response:
+        view = _dispatch(rt, caller, ask, rest)
+        if isinstance(view, _Html):
+            page = self.pages.render(view.template, view.payload)
+            return Response(page, 200, SECURITY_HEADERS, _HTML)
+        return view
 
-def _error(exc: ProxyError, ask: Ask) -> Response:
-    headers = dict(SECURITY_HEADERS)
-    if isinstance(exc, AuthRequired):
-        headers.update(exc.headers)
-    # An HTML page only for a client that asked for HTML (a browser); everyone else, curl
-    # and fetch tools included, gets the API's usual envelope.
-    if ask.explicit and ask.fmt == "html":
-        page = render.error_page(exc.status, exc.message, ask.base)
-        return Response(page, exc.status, headers, "text/html; charset=utf-8")
-    return Response(exc.body(), exc.status, headers, "application/json")
+    def _error(self, exc: ProxyError, ask: Ask) -> Response:
+        headers = dict(SECURITY_HEADERS)
+        if isinstance(exc, AuthRequired):
+            headers.update(exc.headers)
+        # An HTML page only for a client that asked for HTML (a browser); everyone else, curl
+        # and fetch tools included, gets the API's usual envelope.
+        if ask.explicit and ask.fmt == "html":
+            page = self.pages.error(exc.status, exc.message, ask.base)
+            return Response(page, exc.status, headers, _HTML)
+        return Response(exc.body(), exc.status, headers, "application/json")
 
 
 def _gone() -> NotFound:
@@ -96,12 +125,18 @@ def _gone() -> NotFound:
     return NotFound("no such session or file")
 
 
-def _dispatch(rt: Services, caller: Caller, ask: Ask, rest: str) -> Response:
+def _ledger(rt: Services) -> LedgerStore | None:
+    """The cost ledger, when the backend keeps one (a backend from before it has none)."""
+    ledger: LedgerStore | None = getattr(rt.store, "ledger", None)
+    return ledger
+
+
+def _dispatch(rt: Services, caller: Caller, ask: Ask, rest: str) -> View:
     parts = rest.split("/") if rest else []
     if parts and parts[-1] == "":
         parts.pop()  # one trailing slash is harmless
     if not parts:
-        return _respond(ask.fmt, _index(rt, caller, ask), render.index_page)
+        return _respond(ask.fmt, _index(rt, caller, ask), "index.html")
     if len(parts) < 2 or not all(valid_name(p) for p in parts[:2]):
         raise _gone()
     tenant, session = parts[0], parts[1]
@@ -110,25 +145,26 @@ def _dispatch(rt: Services, caller: Caller, ask: Ask, rest: str) -> Response:
     if session == MEMORY_DIR:  # a reserved session name: the tenant's long-term memory
         return _memory(rt, tenant, parts[2:], ask)
     if len(parts) == 2:
-        return _respond(ask.fmt, _session(rt, tenant, session, ask), render.session_page)
+        return _respond(ask.fmt, _session(rt, tenant, session, ask), "session.html")
     if len(parts) != 4:
         raise _gone()
     kind, name = parts[2], parts[3]
     if kind == "dialog" and _DIALOG_NAME.fullmatch(name):
-        return _paged(rt, tenant, session, "dialog", name, ask, PAGE_RECORDS, render.dialog_page,
+        return _paged(rt, tenant, session, "dialog", name, ask, PAGE_RECORDS, "dialog.html",
                       _records)
     if kind == "tool_result" and name.endswith(".txt") and valid_name(name):
         return _paged(rt, tenant, session, "tool_result", name, ask, PAGE_LINES,
-                      render.tool_result_page,
-                      _lines)
+                      "tool_result.html", _lines)
+    if kind == "requests" and valid_name(name):
+        return _respond(ask.fmt, _request(rt, tenant, session, name, ask), "request.html")
     if kind == "summaries" and name.endswith(".md") and valid_name(name):
         return _summary(rt, tenant, session, name, ask)
     raise _gone()
 
 
-def _respond(fmt: Fmt, payload: dict[str, Any], page: render.Page) -> Response:
+def _respond(fmt: Fmt, payload: dict[str, Any], template: str) -> View:
     if fmt == "html":
-        return Response(page(payload), 200, SECURITY_HEADERS, "text/html; charset=utf-8")
+        return _Html(template, payload)
     return Response(orjson.dumps(payload), 200, SECURITY_HEADERS, "application/json")
 
 
@@ -154,13 +190,29 @@ def _session_row(row: SessionRow, base: str) -> dict[str, Any]:
 
 
 def _index(rt: Services, caller: Caller, ask: Ask) -> dict[str, Any]:
+    """The caller's sessions (``?q=``: those whose name contains it, any case), each with its
+    cost, and per tenant the ledger's totals over all its sessions."""
+    q = (ask.query.get("q") or "").strip()[:MAX_QUERY]
     rows = rt.sessions.sessions(caller.scope)
+    if q:
+        rows = [r for r in rows if q.casefold() in r.session.casefold()]
+    ledger = _ledger(rt)
+    totals = ledger.totals(caller.scope) if ledger is not None else []
+    costs = {(t.tenant, t.session): t for t in totals}
+    sessions = []
+    for r in rows:
+        cost = costs.get((r.tenant, r.session))
+        sessions.append({**_session_row(r, ask.base),
+                         "ledger": None if cost is None else ledger_view.cost_of(cost)})
     return {
         "url": ask.base,
         "tenant": caller.scope,
         "master": caller.master,
         "database": rt.store.sessions is not None,
-        "sessions": [_session_row(r, ask.base) for r in rows],
+        "q": q or None,
+        "ledger": ledger is not None,
+        "tenants": ledger_view.tenant_rows(totals),
+        "sessions": sessions,
         "memory": [_scope_row(r, ask.base) for r in rt.memory.store.scopes(caller.scope)],
     }
 
@@ -179,12 +231,12 @@ def _scope_row(row: ScopeRow, base: str) -> dict[str, Any]:
     }
 
 
-def _memory(rt: Services, tenant: str, parts: list[str], ask: Ask) -> Response:
+def _memory(rt: Services, tenant: str, parts: list[str], ask: Ask) -> View:
     store = rt.memory.store
     if not parts:
         payload = {"tenant": tenant, "url": f"{ask.base}/{tenant}/{MEMORY_DIR}",
                    "scopes": [_scope_row(r, ask.base) for r in store.scopes(tenant)]}
-        return _respond(ask.fmt, payload, render.memory_index_page)
+        return _respond(ask.fmt, payload, "memory_index.html")
     scope = parts[0]
     if not valid_name(scope):
         raise _gone()
@@ -206,7 +258,7 @@ def _memory(rt: Services, tenant: str, parts: list[str], ask: Ask) -> Response:
             "days": [{"day": d, "name": f"{d}.md", "url": f"{url}/memory/{d}.md"}
                      for d in reversed(store.days(tenant, scope))],
         }
-        return _respond(ask.fmt, payload, render.memory_scope_page)
+        return _respond(ask.fmt, payload, "memory_scope.html")
     if len(parts) != 3:
         raise _gone()
     kind, name = parts[1], parts[2]
@@ -260,6 +312,7 @@ def _session(rt: Services, tenant: str, session: str, ask: Ask) -> dict[str, Any
         key=lambda e: e.name,
     )
     results = rt.files.listing(tenant, session, "tool_result")
+    ledger = _ledger(rt)
     return {
         "tenant": tenant,
         "session": session,
@@ -276,7 +329,17 @@ def _session(rt: Services, tenant: str, session: str, ask: Ask) -> dict[str, Any
              "url": f"{url}/tool_result/{e.name}", "size": e.size, "mtime": _mtime(e.mtime)}
             for e in results
         ],
+        "ledger": None if ledger is None else _session_ledger(ledger, tenant, session, url),
     }
+
+
+def _session_ledger(ledger: LedgerStore, tenant: str, session: str,
+                    url: str) -> dict[str, Any]:
+    entries = ledger.entries(tenant, session, limit=ledger_view.LEDGER_ROWS)
+    # The store searches by substring: "build-1" finds "build-10" too.
+    totals = next((t for t in ledger.totals(tenant, search=session) if t.session == session),
+                  None)
+    return ledger_view.session_ledger(entries, totals, url)
 
 
 def _number(ask: Ask, name: str, *, minimum: int, maximum: int) -> int | None:
@@ -358,8 +421,8 @@ def _expired(rt: Services, tenant: str, session: str, name: str) -> NotFound:
 
 def _paged(
     rt: Services, tenant: str, session: str, kind: FileKind, name: str, ask: Ask, page: int,
-    view: render.Page, content: Callable[[Window], dict[str, Any]],
-) -> Response:
+    template: str, content: Callable[[Window], dict[str, Any]],
+) -> View:
     """A file as raw text (whole or a window), or one page of it as HTML/JSON."""
     fd, info = _open(rt, tenant, session, kind, name)
     fmt = ask.file_fmt()
@@ -381,7 +444,7 @@ def _paged(
         **_pager(window, url, ask, page),
         **content(window),
     }
-    return _respond(fmt, payload, view)
+    return _respond(fmt, payload, template)
 
 
 def _lines(window: Window) -> dict[str, Any]:
@@ -422,3 +485,95 @@ def _summary(rt: Services, tenant: str, session: str, name: str, ask: Ask) -> Re
     text = b"".join(window.lines).decode("utf-8", "replace")
     payload = {"tenant": tenant, "session": session, "file": f"summaries/{name}", "text": text}
     return Response(orjson.dumps(payload), 200, SECURITY_HEADERS, "application/json")
+
+
+# --- one request: /files/<tenant>/<session>/requests/<id> ---------------------------------------
+
+
+def _request(rt: Services, tenant: str, session: str, entry_id: str, ask: Ask) -> dict[str, Any]:
+    """A ledger entry and what ctxproxy changed in its request, each change with its reason;
+    a cut with its diff against the offloaded original, an eviction with its summary."""
+    ledger = _ledger(rt)
+    entry = ledger.entry(tenant, session, entry_id) if ledger is not None else None
+    if ledger is None or entry is None:
+        raise _gone()
+    session_url = f"{ask.base}/{tenant}/{session}"
+    nearby = ledger.entries(tenant, session, limit=ledger_view.LEDGER_ROWS)
+    calls = ledger_view.by_request(nearby, entry.request, entry.id)
+    history: list[SummaryRecord] | None = None
+    changes = []
+    for c in entry.changes:
+        item: dict[str, Any] = {**ledger_view.change_json(c), "cut": None, "evicted": None}
+        if c.kept_bytes is not None and c.notice is not None:
+            item["cut"] = _cut(rt, tenant, session, c, session_url)
+        elif c.what == "evicted" and c.at is not None and c.upto is not None:
+            if history is None:
+                history = rt.summaries.history(tenant, session)
+            item["evicted"] = _evicted(history, c, entry, session_url)
+        changes.append(item)
+    own = entry.request != entry.id and valid_name(entry.request)
+    return {
+        "tenant": tenant,
+        "session": session,
+        "id": entry.id,
+        "url": f"{session_url}/requests/{entry.id}",
+        "session_url": session_url,
+        "request_url": f"{session_url}/requests/{entry.request}" if own else None,
+        "entry": ledger_view.entry_row(entry, session_url),
+        "calls": [ledger_view.entry_row(e, session_url) for e in calls],
+        "changes": changes,
+    }
+
+
+def _cut(rt: Services, tenant: str, session: str, change: Change,
+         session_url: str) -> dict[str, Any]:
+    """The diff of a cut: the offloaded original's head against the excerpt and notice."""
+    notice = change.notice or ""
+    kind, _, name = (change.file or "").partition("/")
+    out: dict[str, Any] = {"url": None, "diff": None, "missing": None,
+                           "notice": notice.split("\n"), "removed_url": None}
+    if kind != "tool_result" or not name.endswith(".txt") or not valid_name(name):
+        out["missing"] = "The original's file is not recorded."
+        return out
+    out["url"] = url = f"{session_url}/tool_result/{name}"
+    try:
+        fd, info = rt.files.open(tenant, session, "tool_result", name)
+    except Hidden:
+        out["missing"] = ("The original is no longer available (expired or removed); the dialog "
+                          "archive keeps the message as the client sent it.")
+        return out
+    try:
+        head, lines = read_head(fd, head_bytes(change.kept_bytes or 0))
+    finally:
+        os.close(fd)
+    diff = cut_diff(head, change.kept_bytes or 0, notice, total_bytes=info.st_size,
+                    total_lines=lines)
+    out["diff"] = dataclasses.asdict(diff)
+    if diff.removed_from is not None:
+        out["removed_url"] = f"{url}?start_line={diff.removed_from}#L{diff.removed_from}"
+    return out
+
+
+def _evicted(history: list[SummaryRecord], change: Change, entry: LedgerEntry,
+             session_url: str) -> dict[str, Any]:
+    """Where evicted messages went: the summary that replaced them and their dialog lines.
+    The summary is the one ending where the eviction ends, else the newest made by the time
+    of the request (a compaction may finish a little after the request that started it)."""
+    numbered = list(enumerate(history, start=1))
+    found = next(((i, r) for i, r in numbered if r.upto == change.upto), None)
+    if found is None:
+        made_by = datetime.fromtimestamp(entry.ts, UTC) + timedelta(minutes=5)
+        found = next(((i, r) for i, r in reversed(numbered) if r.created_at <= made_by), None)
+    if found is None:
+        return {"summary_url": None, "summary_name": None, "summary_file": None,
+                "dialog_url": None}
+    number, rec = found
+    dialog_url = None
+    for span in rec.span:
+        kind, _, name = span.file.partition("/")
+        if kind == "dialog" and _DIALOG_NAME.fullmatch(name):
+            line = span.first_line
+            dialog_url = f"{session_url}/dialog/{name}?start_line={line}#L{line}"
+            break
+    return {"summary_url": f"{session_url}#summary-{number}", "summary_name": rec.md_name,
+            "summary_file": f"{session_url}/{rec.md_relpath}", "dialog_url": dialog_url}
