@@ -499,7 +499,8 @@ def _request(rt: Services, tenant: str, session: str, entry_id: str, ask: Ask) -
         raise _gone()
     session_url = f"{ask.base}/{tenant}/{session}"
     nearby = ledger.entries(tenant, session, limit=ledger_view.LEDGER_ROWS)
-    calls = ledger_view.by_request(nearby, entry.request, entry.id)
+    # A summarizer or fold call belongs to no request (``request`` empty): nothing to list.
+    calls = ledger_view.by_request(nearby, entry.request, entry.id) if entry.request else []
     history: list[SummaryRecord] | None = None
     changes = []
     for c in entry.changes:
