@@ -67,6 +67,26 @@ class Metrics:
                                         "Messages requests sent again with drop_block after "
                                         "Anthropic's prefix check refused a thinking block.",
                                         registry=r)
+        # The cost ledger (proxy.ledger): no tenant or session labels (the route carries no names).
+        self.cache_breaks = Counter("ctxproxy_cache_breaks",
+                                    "Calls whose cached share fell, by reason: compaction "
+                                    "(ctxproxy started an epoch), client (the client changed "
+                                    "its history), ttl (the cache expired), unknown.",
+                                    ["reason"], registry=r)
+        for reason in ("compaction", "client", "ttl", "unknown"):
+            self.cache_breaks.labels(reason)
+        self.billed_tokens = Counter("ctxproxy_billed_tokens",
+                                     "Tokens billed by the providers (their usage, else the "
+                                     "proxy's estimate), by part and kind of call.",
+                                     ["part", "call"], registry=r)
+        self.cost_usd = Counter("ctxproxy_cost_usd",
+                                "USD billed through ctxproxy, calls of priced models, by kind "
+                                "of call (request, read_round, summarizer, memory_fold).",
+                                ["call"], registry=r)
+        self.direct_cost_usd = Counter("ctxproxy_direct_cost_usd",
+                                       "USD the same client requests would have cost sent "
+                                       "directly (the counterfactual), priced models.",
+                                       registry=r)
         self._live = _Live()
         r.register(self._live)
 

@@ -117,3 +117,8 @@ class PipelineResult:
     stats: Mapping[str, int]
     failed: tuple[str, ...]
     elapsed_ms: float
+    # The epoch the request was forwarded in (proxy.pipeline.epoch): the summary in use and
+    # the history index its rewrites began at ("lr" under the last resort); "" before any.
+    epoch: str = ""
+    # The history range the summary in use replaced (None: no summary).
+    evicted: range | None = None

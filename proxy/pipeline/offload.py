@@ -61,7 +61,9 @@ class _Entry:
     cuts: dict[int, str | None]  # budget -> forwarded text (None: fits, no cut)
 
 
-def _text_of(content: Any) -> str | None:
+def result_text(content: Any) -> str | None:
+    """A tool result's text as offload cuts and saves it (text parts joined by newlines); None
+    when it has none or a part is not text-typed text."""
     if isinstance(content, str):
         return content
     if isinstance(content, list) and content:
@@ -258,7 +260,7 @@ class Offloader:
         for i, m in enumerate(messages):
             if m.get("role") not in RESULT_ROLES or i < frozen or m.get("tool_call_id") in spare:
                 continue
-            text = _text_of(m.get("content"))
+            text = result_text(m.get("content"))
             if text is None or 4 * len(text) <= budget:
                 continue
             if parse_notice(text) is not None:
@@ -278,7 +280,7 @@ class Offloader:
         tenant, session = request.identity.tenant, request.identity.session
         for m in messages:
             if m.get("role") in RESULT_ROLES:
-                text = _text_of(m.get("content"))
+                text = result_text(m.get("content"))
                 if text is not None and 4 * len(text) > self._floor and (
                     (tenant, session, text) not in self._cache
                 ):
@@ -295,7 +297,7 @@ class Offloader:
         texts: dict[int, str] = {}
         for i, m in enumerate(messages):
             if m.get("role") in RESULT_ROLES:
-                text = _text_of(m.get("content"))
+                text = result_text(m.get("content"))
                 if text is not None and 4 * len(text) > self._floor:
                     texts[i] = text
         return texts

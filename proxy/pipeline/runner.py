@@ -162,8 +162,14 @@ class Pipeline:
         if not self.timed_ageing and stats.get("aged_turns"):
             before = max(before, ageing_epoch(history, stats["aged_turns"],
                                               self.offloader.config.recent_n))
-        if stats.pop("last_resort", 0):
+        last_resort = bool(stats.pop("last_resort", 0))
+        if last_resort:
             before = len(history)
+        epoch = ""
+        if summary is not None or before:
+            # Under the last resort every turn is forwarded without its thinking while it lasts
+            # (``before`` moves each request) but the prefix holds: one epoch.
+            epoch = f"{summary.chain if summary is not None else ''}:{'lr' if last_resort else before}"
         if before:
             # Not the head: what precedes a provider compaction item keeps its prefix (native).
             messages = drop_thinking(messages, history, before, native_head(history))
@@ -209,7 +215,9 @@ class Pipeline:
             a is not b for a, b in zip(messages, history, strict=False)
         )
         return PipelineResult(
-            messages, changed, stats, tuple(failed), (time.perf_counter() - start) * 1000
+            messages, changed, stats, tuple(failed), (time.perf_counter() - start) * 1000,
+            epoch=epoch,
+            evicted=range(summary.head, summary.upto) if summary is not None else None,
         )
 
     async def _run_custom(self, request: RequestView, start: float) -> PipelineResult:

@@ -1,0 +1,151 @@
+"""Prompt caching, as the ledger reasons about it (pure): the counterfactual's cached prefix and
+why a call's cached share fell.
+
+**The counterfactual** (README "Honest cost"): what the client would have paid sending its own
+history directly, under the provider's caching rules. For client request ``i`` of a session:
+
+    T_i  = the tokens the client sent (the proxy's count, scaled to the provider's count: see
+           below)
+    P_i  = the tokens of the longest prefix request ``i`` shares with request ``i-1`` (whole
+           items, ``cache_control`` markers aside: the provider's cache ignores them), when
+           the gap between the two is within the cache's TTL and the prefix is at least
+           ``min_cacheable_tokens``; else 0
+    direct usage_i = P_i read from the cache, T_i - P_i written to it (at the write price:
+           1.25x for Anthropic's 5-minute TTL, 2x for 1 hour, 1x where writes are free),
+           plus the output the provider reported for the forwarded request
+
+A client that marks nothing for caching on Anthropic (no ``cache_control`` anywhere) is never
+cached directly: ``T_i`` at the input price. Tokens are counted by the proxy (o200k_base), and
+providers count their own way (Claude's tokenizer differs), so both ``T_i`` and ``P_i`` are
+scaled by the forwarded request's ratio of the provider's prompt to the proxy's count of it.
+
+**Cache breaks.** A call's cached share *fell* when the provider read fewer tokens from its cache
+than the previous call of the session left there (what it read plus what it wrote; on OpenAI,
+which reports no writes, its whole prompt once it is 1,024 tokens or more), by more than the
+providers' granularity (128 tokens, or 2%). Without the provider's usage, the proxy's own view
+decides: the prefix broke when the request starts an epoch, the client changed its history, or
+the TTL lapsed. The reason, first that applies:
+
+``ttl``         the gap since the previous call exceeds the TTL: the cache was gone anyway;
+``client``      the client changed what precedes its new messages (model, tools, system, an
+                earlier message: it edited, rewound or compacted its own history), and its
+                change comes first in the bytes;
+``compaction``  the request starts a new epoch: ctxproxy rewrote what it had forwarded (a new
+                summary, re-cuts, the last resort; :mod:`proxy.pipeline.epoch`);
+``client``      the client changed its history after the point the compaction rewrote;
+``unknown``     none of these: the provider dropped the prefix on its own (eviction, another
+                cache shard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .entry import Prefix
+from .usage import Usage
+
+__all__ = [
+    "ClientChange",
+    "attribute",
+    "cache_fell",
+    "compare",
+    "direct_usage",
+    "left_cached",
+]
+
+# OpenAI caches prompts of at least this many tokens, in increments of 128.
+OPENAI_MIN: Final = 1024
+GRANULARITY: Final = 128
+SLACK: Final = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class ClientChange:
+    """How a client request relates to the session's previous one."""
+
+    extends: bool  # it opens with the whole previous request (markers aside)
+    items: int  # leading items it shares with the previous request
+    at: int | None  # the first item that differs (None: it extends, or unknown); -1: model, tools
+    known: bool = True  # False: the shared prefix could not be measured (``items`` is 0)
+
+
+def compare(previous: Prefix | None, current: Prefix, chains: Sequence[str],
+            previous_chains: Sequence[str] | None = None) -> ClientChange | None:
+    """Compare the current request (its marker-free item chains) with the previous one
+    (None: there was none). ``previous_chains``, the previous request's chains when still in
+    memory, locate where a request that does not extend its predecessor diverged."""
+    if previous is None:
+        return None
+    if previous.head != current.head:
+        return ClientChange(False, 0, -1)
+    n = previous.items
+    if n == 0:
+        return ClientChange(True, 0, None)
+    if len(chains) >= n and chains[n - 1] == previous.last:
+        return ClientChange(True, n, None)
+    if (previous_chains is None or len(previous_chains) != n
+            or previous_chains[-1] != previous.last):
+        return ClientChange(False, 0, None, known=False)
+    # Chains are prefix-closed (a chain names its message and everything before it): equal at
+    # k means equal at every j < k, so the shared length is found by bisection.
+    lo, hi = 0, min(n, len(chains))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if chains[mid - 1] == previous_chains[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return ClientChange(False, lo, lo)
+
+
+def direct_usage(*, tokens: int, prefix: int, rule: Prefix, gap_s: float | None,
+                 min_tokens: int, output: int, scale: float = 1.0) -> Usage:
+    """The counterfactual call's usage (module docstring): ``tokens`` sent, ``prefix`` of them
+    shared with the previous request (0 when there was none), in the proxy's count."""
+    total = round(tokens * scale)
+    if not rule.cacheable:
+        return Usage(input=total, output=output)
+    shared = 0
+    if gap_s is not None and gap_s <= rule.ttl_s and prefix >= min_tokens:
+        shared = min(round(prefix * scale), total)
+    written = total - shared
+    if rule.ttl_s >= 3600:
+        return Usage(cache_read=shared, cache_write_1h=written, output=output)
+    return Usage(cache_read=shared, cache_write_5m=written, output=output)
+
+
+def left_cached(usage: Usage, *, writes_billed: bool) -> int:
+    """The tokens a call leaves in the provider's cache for the next one: what it read and
+    wrote; where writes are not reported (OpenAI), its whole prompt once it is long enough."""
+    if writes_billed:
+        return usage.cache_read + usage.cache_write
+    return usage.prompt if usage.prompt >= OPENAI_MIN else 0
+
+
+def cache_fell(previous: Usage, current: Usage, *, writes_billed: bool) -> bool:
+    """Whether ``current`` read less from the cache than ``previous`` left there (beyond the
+    providers' granularity). A shorter prompt can only read that much."""
+    expected = min(left_cached(previous, writes_billed=writes_billed), current.prompt)
+    if expected <= 0:
+        return False
+    slack = max(GRANULARITY, round(SLACK * expected))
+    return current.cache_read + slack < expected
+
+
+def attribute(*, gap_s: float | None, ttl_s: float, epoch_start: bool,
+              client: ClientChange | None, head: int) -> str:
+    """Why a call's cached share fell (module docstring). ``head``: how many leading items the
+    compaction never rewrites (the client's leading system items): a client change before it
+    comes first in the bytes."""
+    if gap_s is not None and gap_s > ttl_s:
+        return "ttl"
+    changed = client is not None and not client.extends
+    if changed and client is not None and client.at is not None and client.at < head:
+        return "client"
+    if epoch_start:
+        return "compaction"
+    if changed:
+        return "client"
+    return "unknown"

@@ -1,0 +1,481 @@
+"""The ledger service: records every billed call of the requests this process serves.
+
+    begin(identity, api, model)            at the request's arrival: its time and id
+    finish(ticket, ...)                    after the response: the calls made for it, recorded
+                                           in the background (never on the request's path)
+    record_call(identity, call)            a summarizer or memory-fold call (a CallSink)
+
+Recording a request compares it with the session's previous call (:mod:`proxy.ledger.cache`):
+the client's own prefix for the counterfactual, the provider's cached share for cache breaks.
+The previous call is kept in memory per session (with the previous request's chains, which
+locate a client's edit); with a store other replicas share, it is read from the store each
+time (one indexed query, in the background), since another replica may have served the turn
+in between.
+
+What is recorded: the provider's usage of every upstream call (the request's first call, each
+read-tool round, each summarizer and fold call), its cost at the configured prices, and for a
+request the counterfactual, the cache reason and what ctxproxy changed in it. A request whose
+upstream answered with an error, or whose writes were dropped (a key the provider rejected, or
+never judged), records nothing. A tenant over its disk quota is still recorded: the quota
+limits files, and the ledger is the account of what its requests cost (a few hundred bytes a
+call, not counted in the quota).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from ..background import Background
+from ..config import LedgerConfig, OffloadConfig
+from ..formats import Parsed
+from ..formats import json as rawjson
+from ..lru import LRU
+from ..metrics import Metrics
+from ..pipeline.count import RequestCounter
+from ..pipeline.model import PipelineResult
+from ..pipeline.turns import LEADING_ROLES
+from ..session import Identity
+from ..store.chains import DigestCacheLike, chain_hashes
+from ..store.interfaces import LedgerStore
+from ..writes import Writes
+from .cache import ClientChange, attribute, cache_fell, compare, direct_usage
+from .calls import Call
+from .changes import describe
+from .entry import Change, LedgerEntry, Prefix
+from .prices import Prices
+from .usage import Usage, parse_usage
+
+__all__ = ["Ledger", "NullLedger", "RequestCalls", "Ticket"]
+
+log = logging.getLogger("proxy.store")
+
+_TTL_1H: Final = re.compile(rb'"ttl"\s*:\s*"1h"')
+# From this many items, the ledger's CPU work (chains, the change list) moves to a thread.
+_LARGE_ITEMS: Final = 2000
+
+
+def _strip_markers(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_markers(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_strip_markers(v) for v in value]
+    return value
+
+
+def _has_marker(item: Any) -> bool:
+    if not isinstance(item, dict):
+        return False
+    if "cache_control" in item:
+        return True
+    content = item.get("content")
+    if isinstance(content, list):
+        return any(_has_marker(block) for block in content)
+    return False
+
+
+def marker_free_chains(items: Sequence[Any], chains: Sequence[str],
+                       cache: DigestCacheLike | None) -> list[str]:
+    """The items' chains with ``cache_control`` markers left out (the provider's cache ignores
+    them; Claude Code moves its marker every turn). ``chains`` when no item has one."""
+    first = next((i for i, item in enumerate(items) if _has_marker(item)), None)
+    if first is None:
+        return list(chains)
+    stripped = [_strip_markers(item) if _has_marker(item) else item for item in items]
+    return chain_hashes(stripped, cache)
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A client request as the ledger sees it at its arrival."""
+
+    identity: Identity
+    api: str
+    model: str
+    ts: float
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCalls:
+    """What a request's upstream calls reported, gathered by the route after the response."""
+
+    status: int | None  # the first call's status (None: no answer)
+    usages: Sequence[Any]  # each call's raw usage object, in order (the first call first)
+    sent_at: Sequence[float]  # unix seconds each call was sent (may be empty)
+    answer: Any  # the answer as archived (for an estimate of its output)
+
+
+@dataclass(slots=True)
+class _State:
+    """A session's previous call and previous request, with that request's chains."""
+
+    last: LedgerEntry
+    request: LedgerEntry | None
+    chains: Sequence[str] | None = None
+
+
+class NullLedger:
+    """The ledger is off (or has no store): nothing is recorded."""
+
+    enabled = False
+
+    def begin(self, identity: Identity, api: str, model: str) -> Ticket | None:
+        return None
+
+    def finish(self, ticket: Ticket | None, **_: Any) -> None:
+        return None
+
+    def record_call(self, identity: Identity, call: Call) -> None:
+        return None
+
+
+class Ledger:
+    enabled = True
+
+    def __init__(
+        self,
+        config: LedgerConfig,
+        offload: OffloadConfig,
+        store: LedgerStore,
+        prices: Prices,
+        counter: RequestCounter,
+        metrics: Metrics,
+        background: Background,
+        *,
+        digest_cache: DigestCacheLike | None = None,
+        shared: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.offload = offload
+        self.store = store
+        self.prices = prices
+        self.counter = counter  # the pipeline's, with its cached per-message counts
+        self.metrics = metrics
+        self.background = background
+        self.digest_cache = digest_cache
+        self.shared = shared
+        self.clock = clock
+        self._state: LRU[tuple[str, str], _State] = LRU(16384)
+        self._locks: LRU[tuple[str, str], asyncio.Lock] = LRU(16384)
+        self.recorded = 0  # entries kept (tests, metrics)
+
+    # -- the route's side -------------------------------------------------------------------
+
+    def begin(self, identity: Identity, api: str, model: str) -> Ticket | None:
+        return Ticket(identity, api, model, self.clock(), uuid.uuid4().hex)
+
+    def finish(
+        self,
+        ticket: Ticket | None,
+        *,
+        parsed: Parsed,
+        chains: Sequence[str],
+        raw: bytes,
+        result: PipelineResult,
+        calls: RequestCalls,
+        writes: Writes,
+        done: Callable[[LedgerEntry | None], None] | None = None,
+    ) -> None:
+        """Record the request in the background; ``done`` is told of its entry (None: none)."""
+        if ticket is None or writes.dropped or calls.status is None or not (
+                200 <= calls.status < 300):
+            if done is not None:
+                done(None)
+            return
+        self.background.spawn(self._record(ticket, parsed, chains, raw, result, calls, done))
+
+    def record_call(self, identity: Identity, call: Call) -> None:
+        """A summarizer or fold call (CallSink): recorded when the provider answered."""
+        if not 200 <= call.status < 300:
+            return
+        usage = parse_usage(call.api, call.usage)
+        entry = LedgerEntry(
+            tenant=identity.tenant, session=identity.session, id=uuid.uuid4().hex,
+            request="", ts=call.ts, kind=call.kind, api=call.api, model=call.model,
+            usage=usage, estimate=None if usage is not None else Usage(),
+            cost=self.prices.cost(call.model, usage or Usage()), status=call.status)
+        self.background.spawn(self._keep([entry]))
+
+    # -- recording --------------------------------------------------------------------------
+
+    def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks.put(key, lock)
+        return lock
+
+    async def _record(
+        self, ticket: Ticket, parsed: Parsed, chains: Sequence[str], raw: bytes,
+        result: PipelineResult, calls: RequestCalls,
+        done: Callable[[LedgerEntry | None], None] | None,
+    ) -> None:
+        entry: LedgerEntry | None = None
+        try:
+            ident = ticket.identity
+            key = (ident.tenant, ident.session)
+            async with self._lock(key):
+                state = self._state.get(key)
+                if state is None or self.shared:
+                    loaded = await asyncio.to_thread(self._load, *key)
+                    if loaded is not None and state is not None and (
+                            state.request is not None and loaded.request is not None
+                            and state.request.id == loaded.request.id):
+                        loaded.chains = state.chains  # still this replica's last request
+                    state = loaded
+                args = (ticket, parsed, chains, raw, result, calls, state)
+                if len(parsed.items) >= _LARGE_ITEMS:
+                    entries, mf_chains = await asyncio.to_thread(self._entries, *args)
+                else:
+                    entries, mf_chains = self._entries(*args)
+                await self._keep(entries)
+                entry = entries[0]
+                request = entry
+                self._state.put(key, _State(entries[-1], request, mf_chains))
+        except Exception:
+            log.exception("recording the ledger failed; the request was served")
+        finally:
+            if done is not None:
+                done(entry)
+
+    def _load(self, tenant: str, session: str) -> _State | None:
+        last = self.store.last(tenant, session)
+        if last is None:
+            return None
+        request = last if last.kind == "request" else (
+            self.store.entry(tenant, session, last.request) if last.request else None)
+        return _State(last, request)
+
+    async def _keep(self, entries: list[LedgerEntry]) -> None:
+        try:
+            await asyncio.to_thread(self.store.add, entries)
+        except Exception as exc:
+            log.warning("ledger write failed (%s); the request was served", exc)
+            return
+        self.recorded += len(entries)
+        for e in entries:
+            billed = e.billed
+            for part, n in (("input", billed.input), ("cache_read", billed.cache_read),
+                            ("cache_write", billed.cache_write), ("output", billed.output)):
+                if n:
+                    self.metrics.billed_tokens.labels(part, e.kind).inc(n)
+            if e.cost is not None:
+                self.metrics.cost_usd.labels(e.kind).inc(e.cost)
+            if e.direct_cost is not None:
+                self.metrics.direct_cost_usd.inc(e.direct_cost)
+            if e.cache_reason is not None:
+                self.metrics.cache_breaks.labels(e.cache_reason).inc()
+
+    # -- the entries (pure but for the clock-free inputs) -------------------------------------
+
+    def _rule(self, api: str, raw: bytes) -> tuple[float, bool]:
+        """The client's cache TTL and whether its requests are cached at all."""
+        if api == "messages":
+            # Anthropic caches only what the client marks (blocks, system, tools, or the
+            # top-level automatic cache_control).
+            if b"cache_control" not in raw:
+                return self.config.cache_ttl_s, False
+        ttl = 3600.0 if b'"1h"' in raw and _TTL_1H.search(raw) else self.config.cache_ttl_s
+        return ttl, True
+
+    def _head(self, model: str, raw: bytes) -> str:
+        """A digest of what precedes the conversation in the provider's cache: the model (each
+        has its own cache) and the tools, as the client wrote them."""
+        h = hashlib.sha256(model.encode())
+        try:
+            tools = rawjson.members(raw).get("tools")
+        except Exception:
+            tools = None
+        if tools is not None:
+            h.update(b"\0")
+            h.update(bytes(tools))
+        return h.hexdigest()[:32]
+
+    def _entries(
+        self, ticket: Ticket, parsed: Parsed, chains: Sequence[str], raw: bytes,
+        result: PipelineResult, calls: RequestCalls, state: _State | None,
+    ) -> tuple[list[LedgerEntry], Sequence[str] | None]:
+        ident, api, model = ticket.identity, ticket.api, ticket.model
+        stats = result.stats
+        sent = int(stats.get("tokens_in", len(raw) // 4))
+        forwarded = int(stats.get("tokens_out", sent))
+        ttl, cacheable = self._rule(api, raw)
+        items = parsed.items
+        mf: Sequence[str] | None = None
+        change: ClientChange | None = None
+        prefix: Prefix | None = None
+        if not parsed.continued and len(chains) == len(items):
+            mf = marker_free_chains(items, chains, self.digest_cache) if api == "messages" \
+                else chains
+            prefix = Prefix(items=len(items), last=mf[-1] if mf else "",
+                            head=self._head(model, raw), ttl_s=ttl, cacheable=cacheable)
+            before = state.request.prefix if state and state.request else None
+            change = compare(before, prefix, mf, state.chains if state else None)
+        usages = [parse_usage(api, u) for u in calls.usages] or [None]
+        first = usages[0]
+        last = state.last if state else None
+        prev_request = state.request if state else None
+        gap = ticket.ts - last.ts if last is not None else None
+        direct_gap = ticket.ts - prev_request.ts if prev_request is not None else None
+        epoch_start = prev_request is not None and result.epoch != prev_request.epoch
+        summary_chain = result.epoch.split(":", 1)[0]
+        compaction = bool(summary_chain) and (
+            prev_request is None and bool(stats.get("compactions"))
+            or prev_request is not None and prev_request.epoch.split(":", 1)[0] != summary_chain)
+        extends = change is None or change.extends
+
+        # The provider's count of the forwarded request calibrates the proxy's token counts.
+        scale = first.prompt / forwarded if first is not None and forwarded > 0 else 1.0
+        output = first.output if first is not None else self._output_estimate(calls.answer)
+
+        # The forwarded request, estimated when the provider reported nothing.
+        estimate = None
+        if first is None:
+            holds = (last is not None and extends and not epoch_start and gap is not None
+                     and gap <= ttl and cacheable)
+            shared = min(last.billed.prompt, forwarded) if holds and last is not None else 0
+            estimate = self._estimated(forwarded, shared, cacheable, ttl, output)
+        billed = first or estimate or Usage()
+
+        # The counterfactual.
+        if parsed.continued:
+            # The history lives upstream either way: the client would have paid what was
+            # billed plus the tokens the proxy cut from its new items, at the input price.
+            direct = Usage(billed.input + round(max(0, sent - forwarded) * scale),
+                           billed.cache_read, billed.cache_write_5m, billed.cache_write_1h,
+                           output)
+        else:
+            shared_tokens = 0
+            if change is not None and prev_request is not None:
+                shared_tokens = (prev_request.tokens_sent if change.extends
+                                 else self._prefix_tokens(parsed, change))
+            direct = direct_usage(tokens=sent, prefix=shared_tokens,
+                                  rule=prefix or Prefix(ttl_s=ttl, cacheable=cacheable),
+                                  gap_s=direct_gap, min_tokens=self.config.min_cacheable_tokens,
+                                  output=output, scale=scale)
+
+        reason = self._reason(api, last, billed, first is not None and last is not None
+                              and last.usage is not None, gap=gap, ttl=ttl,
+                              epoch_start=epoch_start, change=change, cacheable=cacheable,
+                              head=self._leading(items))
+        since = 0
+        if not (epoch_start or change is None or not change.extends or prev_request is None):
+            since = self._since(parsed, change.items)
+        changes: tuple[Change, ...] = ()
+        if result.changed:
+            changes = tuple(describe(
+                parsed.history, result.messages, tenant=ident.tenant, session=ident.session,
+                evicted=result.evicted, since=since, old_max_bytes=self.offload.old_max_bytes,
+                recent_max_bytes=self.offload.recent_max_bytes))
+        sent_at = list(calls.sent_at)
+        entries = [LedgerEntry(
+            tenant=ident.tenant, session=ident.session, id=ticket.id, request=ticket.id,
+            ts=ticket.ts, kind="request", api=api, model=model, usage=first, estimate=estimate,
+            cost=self.prices.cost(model, billed), status=calls.status or 200,
+            tokens_sent=sent, tokens_forwarded=forwarded, direct=direct,
+            direct_cost=self.prices.cost(model, direct), cache_reason=reason, gap_s=gap,
+            epoch=result.epoch, compacted=bool(stats.get("compacted")), compaction=compaction,
+            offloaded=int(stats.get("offloaded", 0)), rounds=max(0, len(calls.usages) - 1),
+            changes=changes, prefix=prefix,
+        )]
+        previous = entries[0]
+        for k, usage in enumerate(usages[1:], start=1):
+            ts = sent_at[k] if k < len(sent_at) else ticket.ts
+            round_estimate = None
+            if usage is None:
+                # A round repeats the request with the rounds so far appended: all of it read.
+                round_estimate = Usage(cache_read=previous.billed.prompt if cacheable else 0,
+                                       input=0 if cacheable else previous.billed.prompt)
+            rbilled = usage or round_estimate or Usage()
+            rreason = self._reason(api, previous, rbilled,
+                                   usage is not None and previous.usage is not None,
+                                   gap=ts - previous.ts, ttl=ttl, epoch_start=False, change=None,
+                                   cacheable=cacheable, head=0)
+            entry = LedgerEntry(
+                tenant=ident.tenant, session=ident.session, id=uuid.uuid4().hex,
+                request=ticket.id, ts=ts, kind="read_round", api=api, model=model, usage=usage,
+                estimate=round_estimate, cost=self.prices.cost(model, rbilled),
+                cache_reason=rreason, gap_s=ts - previous.ts, epoch=result.epoch,
+                prefix=prefix)
+            entries.append(entry)
+            previous = entry
+        return entries, mf
+
+    def _reason(self, api: str, previous: LedgerEntry | None, current: Usage, measured: bool,
+                *, gap: float | None, ttl: float, epoch_start: bool,
+                change: ClientChange | None, cacheable: bool, head: int) -> str | None:
+        """Why ``current``'s cached share fell (None: it held, or there was no previous call)."""
+        if previous is None or not cacheable:
+            return None
+        if measured:
+            writes = api == "messages" or previous.billed.cache_write > 0
+            fell = cache_fell(previous.billed, current, writes_billed=writes)
+        else:
+            fell = (gap is not None and gap > ttl) or epoch_start or (
+                change is not None and not change.extends)
+        if not fell:
+            return None
+        return attribute(gap_s=gap, ttl_s=ttl, epoch_start=epoch_start, client=change, head=head)
+
+    @staticmethod
+    def _estimated(forwarded: int, shared: int, cacheable: bool, ttl: float,
+                   output: int) -> Usage:
+        if not cacheable:
+            return Usage(input=forwarded, output=output)
+        written = forwarded - shared
+        if ttl >= 3600:
+            return Usage(cache_read=shared, cache_write_1h=written, output=output)
+        return Usage(cache_read=shared, cache_write_5m=written, output=output)
+
+    @staticmethod
+    def _output_estimate(answer: Any) -> int:
+        # Without the provider's count, the answer's JSON at 4 bytes a token (as the fake and
+        # the proxy's other fallbacks estimate).
+        if answer is None:
+            return 0
+        try:
+            return len(orjson.dumps(answer)) // 4
+        except TypeError:
+            return 0
+
+    @staticmethod
+    def _leading(items: Sequence[Any]) -> int:
+        n = 0
+        for item in items:
+            if not isinstance(item, dict) or item.get("role") not in LEADING_ROLES:
+                break
+            n += 1
+        return n
+
+    @staticmethod
+    def _since(parsed: Parsed, items: int) -> int:
+        """The first history message holding an item beyond the first ``items``."""
+        if not parsed.spans:
+            return items
+        for j, span in enumerate(parsed.spans):
+            if span.stop > items:
+                return j
+        return len(parsed.spans)
+
+    def _prefix_tokens(self, parsed: Parsed, change: ClientChange) -> int:
+        """The client's tokens in the items it shares with its previous request (the tools and
+        the first ``change.items`` items); 0 when not even the head is shared."""
+        if change.at == -1 or not change.known:
+            return 0
+        # Counted through the pipeline's cached per-message counts: the history messages
+        # wholly within the shared items.
+        return self._count_prefix(parsed, self._since(parsed, change.items))
+
+    def _count_prefix(self, parsed: Parsed, messages: int) -> int:
+        return self.counter.request(parsed.history[:messages], parsed.model, parsed.tools)
