@@ -24,6 +24,8 @@ from proxy.web.diff import CONTEXT, cut_diff, head_bytes
 from proxy.web.markdown import Markdown
 from proxy.web.render import Pages
 
+from .conftest import examples
+
 HOSTILE = "<script>alert('x')</script>"
 SVG = "{http://www.w3.org/2000/svg}"
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +55,8 @@ def texts(root: ET.Element) -> list[str]:
     return [e.text or "" for e in root.iter(SVG + "text")]
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(points, max_size=80))
 def test_the_chart_is_well_formed_svg_for_any_data(data: list[Point]) -> None:
     root = parse(tokens_chart(data))
@@ -156,7 +159,7 @@ ALLOWED_TAGS = {"p", "h3", "h4", "h5", "h6", "ul", "ol", "li", "em", "strong", "
                 "blockquote", "a", "hr", "br", "table", "thead", "tbody", "tr", "th", "td", "s"}
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("<>&\"'/:=()[]!#*`-_ \n\tjavscriptdatJAVSCR1x"))
                | st.characters(), max_size=200))
 def test_no_markdown_makes_a_script_or_a_dangerous_link(text: str) -> None:
@@ -183,7 +186,7 @@ line_text = st.text(alphabet=st.characters(blacklist_characters="\n", blacklist_
                     max_size=30)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(line_text, max_size=60), st.booleans(), st.data())
 def test_the_diff_agrees_with_the_whole_original(lines: list[str], trailing: bool,
                                                  data: st.DataObject) -> None:
@@ -254,7 +257,7 @@ entries = st.lists(st.builds(
 ), max_size=30)
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100), deadline=None)
 @given(entries)
 def test_a_tenants_totals_are_its_sessions_totals_added_up(found: list[LedgerEntry]) -> None:
     sessions = [LedgerTotals.of("t1", s, [e for e in found if e.session == s])

@@ -2,8 +2,8 @@
 ``/files`` route or the proxy's read tool; the master key guards every ``/files`` route.
 
 The routes (proxy/web/routes.py ``_dispatch``): ``/files`` (the index), ``/files/<t>/<s>`` (a
-session), ``/files/<t>/<s>/dialog/<YYYY-MM-DD>.jsonl``, ``.../tool_result/<id>.txt`` and
-``.../summaries/<name>.md``; each as HTML, JSON (``Accept`` or ``?format=json``), raw text
+session), ``/files/<t>/<s>/dialog/<YYYY-MM-DD>.jsonl``, ``.../tool_result/<id>.txt``,
+``.../summaries/<name>.md`` and ``.../requests/<id>`` (a ledger entry); each as HTML, JSON (``Accept`` or ``?format=json``), raw text
 (``?raw=1``, ``?format=text``, ``Accept: text/plain``), windowed (``?start_line=&lines=``, raw or
 JSON or HTML), ``HEAD``, with a trailing slash and with ``?login=1``.
 
@@ -34,9 +34,12 @@ import pytest
 from proxy.app import create_app
 from proxy.auth import Gate
 from proxy.config import config_from_mapping
+from proxy.ledger.entry import Change, LedgerEntry
+from proxy.ledger.usage import Usage
 from proxy.session import tenant_of
 from proxy.store.db import Database
 from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.ledger import ledger_of
 from proxy.testing.servers import ServerThread, serve_in_thread
 
 from .conftest import proxy_config, raw_get
@@ -50,6 +53,8 @@ ONLY_B = "bravo-only-5e2"  # a session name only tenant B has
 JSON = {"accept": "application/json"}
 HTML = {"accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
 GHOST_ID = "00000000-0000-0000-0000-000000000000"
+GHOST_REQUEST = "0" * 32
+REQUEST = {KEY_A: "a17e" * 8, KEY_B: "b0b5" * 8}  # each tenant's ledger entry in build-1
 SUMMARY = """## Goal
 Finish the build for {mark}.
 ## Constraints & Preferences
@@ -119,6 +124,7 @@ class Files:
     tool_result: str
     dialog: str
     summary: str
+    request: str  # a ledger entry's id
 
 
 @dataclass
@@ -168,7 +174,17 @@ def populate(srv: ServerThread, fake: FakeUpstream, data: Path,
         [tool] = (session / "build-1" / "tool_result").iterdir()
         [dialog] = (session / "build-1" / "dialog").iterdir()
         [summary] = (session / "compact-1" / "summaries").iterdir()
-        files[tenant] = Files(tool.name, dialog.name, summary.name)
+        files[tenant] = Files(tool.name, dialog.name, summary.name,
+                              REQUEST[KEY_A if tenant == TA else KEY_B])
+    # Each tenant's build-1 gets a ledger entry, its reason carrying the tenant's mark.
+    ledger = ledger_of(srv.app.services.store)  # type: ignore[attr-defined]
+    for key, tenant in ((KEY_A, TA), (KEY_B, TB)):
+        rid = REQUEST[key]
+        ledger.add([LedgerEntry(
+            tenant, "build-1", rid, rid, 1.7e9, "request", "chat", "gpt-4o",
+            usage=Usage(input=100), cost=0.01, tokens_sent=1000, tokens_forwarded=100,
+            changes=(Change("cut", f"cut for {MARK[key]}", kept_bytes=10, notice="N",
+                            file=f"tool_result/{files[tenant].tool_result}"),))])
     assert files[TA].tool_result != files[TB].tool_result
     assert files[TA].summary != files[TB].summary
     return corpus
@@ -201,7 +217,7 @@ def guarded(_fake_server: tuple[FakeUpstream, ServerThread],
 
 # --- every route, every variant -----------------------------------------------------------------
 
-KINDS = ["session", "dialog", "tool_result", "summary"]
+KINDS = ["session", "dialog", "tool_result", "summary", "request"]
 # (name, method, suffix appended to the path, headers)
 VARIANTS: list[tuple[str, str, str, dict[str, str]]] = [
     ("html", "GET", "", HTML),
@@ -233,13 +249,15 @@ def path_of(corpus: Corpus, kind: str, tenant: str, *, ghost: bool = False,
         return f"/files/{tenant}/{session}/dialog/{name or files.dialog}"
     if kind == "tool_result":
         return f"/files/{tenant}/{session}/tool_result/{name or files.tool_result}"
+    if kind == "request":
+        return f"/files/{tenant}/{session}/requests/{name or files.request}"
     session = "no-such-session" if ghost else "compact-1"
     return f"/files/{tenant}/{session}/summaries/{name or files.summary}"
 
 
 def ids_of(corpus: Corpus, tenant: str) -> list[str]:
     f = corpus.files[tenant]
-    return [tenant, f.tool_result.removesuffix(".txt"), f.summary.removesuffix(".md")]
+    return [tenant, f.tool_result.removesuffix(".txt"), f.summary.removesuffix(".md"), f.request]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -268,7 +286,7 @@ def test_another_tenants_item_is_exactly_like_a_missing_one(
     assert anon.content == anon_ghost.content
 
 
-@pytest.mark.parametrize("kind", ["tool_result", "summary"])
+@pytest.mark.parametrize("kind", ["tool_result", "summary", "request"])
 @pytest.mark.parametrize(("variant", "method", "suffix", "headers"), VARIANTS[:6],
                          ids=[v[0] for v in VARIANTS[:6]])
 def test_guessing_another_tenants_name_in_ones_own_session_reveals_nothing(
@@ -278,7 +296,8 @@ def test_guessing_another_tenants_name_in_ones_own_session_reveals_nothing(
     (Dialog files are named by the day, the same for everyone: there is nothing to guess.)"""
     me = {**bearer(KEY_A), **headers}
     theirs = getattr(corpus.files[TB], kind)
-    made_up = {"tool_result": f"{GHOST_ID}.txt", "summary": "20000101T000000Z-000000000000.md"}[kind]
+    made_up = {"tool_result": f"{GHOST_ID}.txt", "summary": "20000101T000000Z-000000000000.md",
+               "request": GHOST_REQUEST}[kind]
     guess = corpus.get(path_of(corpus, kind, TA, name=theirs) + suffix, me, method)
     ghost = corpus.get(path_of(corpus, kind, TA, name=made_up) + suffix, me, method)
     assert guess.status_code == ghost.status_code == 404
@@ -297,7 +316,8 @@ def crawl(corpus: Corpus, headers: dict[str, str]) -> Iterator[httpx.Response]:
         yield detail
         yield corpus.get(s["url"], {**headers, **HTML})
         d = detail.json()
-        for link in d["dialog_files"] + d["tool_results"] + d["summaries"]:
+        calls = d["ledger"]["entries"] if d["ledger"] is not None else []
+        for link in d["dialog_files"] + d["tool_results"] + d["summaries"] + calls:
             for extra in (JSON, HTML, {}):
                 yield corpus.get(link["url"], {**headers, **extra})
 
@@ -367,6 +387,10 @@ def traversals(corpus: Corpus) -> list[str]:
         f"/files/{b_tool}?login=1",
         f"/files/{TB}/{ONLY_B}",
         f"/files/{TA}/{ONLY_B}",
+        f"{a_session}/requests/{b.request}",
+        f"{a_session}/requests/..%2f..%2f..%2f{TB}%2fbuild-1%2frequests%2f{b.request}",
+        f"/files/{TA}/..%2f{TB}/build-1/requests/{b.request}",
+        f"/files/{TA}/build-1/../../{TB}/build-1/requests/{b.request}",
         f"/files/{TB}",
         f"/files/{TB}/",
         f"/files/{TB}/build-1/tool_result",

@@ -1,11 +1,11 @@
 """Summaries as HTML: CommonMark (markdown-it-py), safe for text the model wrote.
 
 A summary is the summarizer model's output, and the model read the session's tool output: its
-text is untrusted. So raw HTML in it is shown as text (``html: False``), links go nowhere but
-``http(s)``, ``mailto`` and relative URLs (``javascript:``, ``vbscript:``, ``file:`` and every
-``data:`` URL are refused: the link stays as its literal text), images are not rendered (a page
-of ours fetches nothing), and headings are moved down so a summary's ``#`` never competes with
-the page's own ``<h1>``.
+text is untrusted. So raw HTML in it is shown as text (``html: False``), a link to a
+``javascript:``, ``vbscript:``, ``file:`` or any ``data:`` URL is refused (it stays as its literal
+text), links carry ``rel="nofollow noopener noreferrer"``, images are not rendered (a page of
+ours fetches nothing), and headings are moved down so a summary's ``#`` never competes with the
+page's own ``<h1>``.
 """
 
 from __future__ import annotations
