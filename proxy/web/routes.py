@@ -15,12 +15,11 @@ anything else outside the name alphabet is simply not found.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -549,7 +548,7 @@ def _cut(rt: Services, tenant: str, session: str, change: Change,
         os.close(fd)
     diff = cut_diff(head, change.kept_bytes or 0, notice, total_bytes=info.st_size,
                     total_lines=lines)
-    out["diff"] = dataclasses.asdict(diff)
+    out["diff"] = asdict(diff)
     if diff.removed_from is not None:
         out["removed_url"] = f"{url}?start_line={diff.removed_from}#L{diff.removed_from}"
     return out
