@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from .asgi import JSON_CT, Headers, read_body, run_until_disconnect, send_whole, timing_of
 from .formats import Format, Tap
-from .formats.chat import CHAT
+from .formats.chat import CHAT, ChatTap
 from .metrics import Metrics
 from .pipeline.model import PipelineResult, RequestView
 from .retrieval.loop import Finish, ReadLoop, Rounds
@@ -196,6 +196,7 @@ async def _via_reads(
     timing_of(scope).mark()
     rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
     rounds.wire, rounds.full, rounds.results = done.wire, done.full, done.results
+    rounds.calls, rounds.sent_at = done.calls, done.sent_at
 
 
 async def _via_litellm(
@@ -204,7 +205,9 @@ async def _via_litellm(
 ) -> None:
     timing = timing_of(scope)
     timing.restart()
-    answer = await svc.router.complete(params, body)
+    # The usage is billed whether or not the client's stream asked to see it.
+    on_usage = tap.saw_usage if isinstance(tap, ChatTap) else None
+    answer = await svc.router.complete(params, body, on_usage=on_usage)
     timing.mark()
     if answer.chunks is not None:
         headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]

@@ -42,6 +42,7 @@ from .compaction.compactor import Compactor, NullCompactor
 from .compaction.planner import Planner
 from .compaction.windows import ContextWindows
 from .config import Config
+from .ledger.calls import CallSink
 from .memory.service import Memory, NullMemory
 from .metrics import Metrics
 from .pipeline.count import RequestCounter
@@ -232,7 +233,10 @@ async def open_services(
     stages: Sequence[Stage] | None = None,
     metrics: Metrics | None = None,
     gate: Gate | None = None,
+    calls: CallSink | None = None,
 ) -> Services:
+    """The app's services; ``calls`` is told of the summarizer and fold calls made on a
+    session's behalf (the ledger)."""
     gate = gate if gate is not None else Gate(config.auth)
     metrics = metrics or Metrics()
     storage = config.storage
@@ -277,11 +281,13 @@ async def open_services(
         archive = Archive(store.dialog, counters, background, metrics)
         summaries, sessions = store.summaries, store.sessions
         if store.memory is not None:
-            memory = _memory(config, store.memory, upstream, router, background, read_tool)
+            memory = _memory(config, store.memory, upstream, router, background, read_tool,
+                             calls)
         if config.compaction.enabled:
             compactor = Compactor(config.compaction, summaries=summaries, archive=store.dialog,
                                   client=summarizer, windows=windows, shared=store.shared,
-                                  facts=memory if isinstance(memory, Memory) else None)
+                                  facts=memory if isinstance(memory, Memory) else None,
+                                  calls=calls)
     # The proxy's read rounds, put back on later turns: only while the proxy runs the tool (a
     # replayed call of a tool the request does not define would be refused).
     replays = Replays(store.rounds, cache_bytes=cache // 20)
@@ -345,7 +351,7 @@ def _live_metrics(
 
 def _memory(
     config: Config, store: MemoryStore, upstream: Upstream, router: LitellmRouter,
-    background: Background, read_tool: str | None,
+    background: Background, read_tool: str | None, calls: CallSink | None = None,
 ) -> Memory | NullMemory:
     """Long-term memory: on only with compaction (its facts come from the summarizer call);
     off, its store still serves /files what an earlier run kept."""
@@ -358,7 +364,7 @@ def _memory(
         upstream, router, model=config.memory.model or config.compaction.model,
         timeout_s=config.compaction.summarizer_timeout_s,
     )
-    return Memory(config.memory, store, folder, background, read_tool=read_tool)
+    return Memory(config.memory, store, folder, background, read_tool=read_tool, calls=calls)
 
 
 def _memory_metrics(metrics: Metrics, memory: Memory | NullMemory) -> None:
