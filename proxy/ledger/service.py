@@ -391,7 +391,8 @@ class Ledger:
         )]
         previous = entries[0]
         for k, usage in enumerate(usages[1:], start=1):
-            ts = sent_at[k] if k < len(sent_at) else ticket.ts
+            # Anchored at the request's time (the ledger's clock), spaced as the loop sent them.
+            ts = ticket.ts + (sent_at[k] - sent_at[0] if k < len(sent_at) else 0.0)
             round_estimate = None
             if usage is None:
                 # A round repeats the request with the rounds so far appended: all of it read.
