@@ -187,7 +187,7 @@ class Conversation:
             calls = RequestCalls(
                 status=statuses[0] if statuses else None,
                 usages=rounds.calls if rounds.calls else [tap.usage()],
-                sent_at=rounds.sent_at, answer=answer)
+                sent_at=rounds.sent_at, answer=answer, read_tool=reads)
             svc.ledger.finish(ticket, parsed=parsed, chains=chains, raw=raw, result=result,
                               calls=calls, writes=writes)
 

@@ -284,9 +284,12 @@ async def open_services(
     prices: Prices | None = None
     if config.ledger.enabled and store.ledger is not None:
         prices = prices_of(config.ledger)
+        read_schema = (ReadTool(config, store.originals).definition()
+                       if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0
+                       else None)
         ledger = Ledger(config.ledger, config.offload, store.ledger, prices, counter, metrics,
                         background, digest_cache=store.dialog.digest_cache if store.dialog
-                        else None, shared=store.shared is not None)
+                        else None, read_tool=read_schema, shared=store.shared is not None)
     if calls is None and isinstance(ledger, Ledger):
         calls = ledger
     archive: Archive | NullArchive = NullArchive()
