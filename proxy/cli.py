@@ -152,6 +152,8 @@ def gc(config: Config) -> int:
         print(f"deleted {report.dialog_files} dialog file(s), {report.summaries} summary(ies), "
               f"{report.sessions} session(s) and {report.memory_files} memory file(s) older "
               f"than {storage.dialog_ttl_days:g} days")
+        print(f"deleted {report.ledger_entries} cost ledger entry(ies) older than "
+              f"{storage.dialog_ttl_days:g} days")
     limits = {k.tenant: k.max_disk_mb for k in config.auth.keys if k.max_disk_mb is not None}
     for tenant, used in sorted(report.usage.items()):
         limit = limits.get(tenant, storage.max_tenant_mb)
@@ -208,7 +210,8 @@ def migrate_storage(config: Config, source: str | None) -> int:
           f"{report.dialog_lines} dialog line(s), {report.messages} index row(s), "
           f"{report.summaries} summary(ies), {report.sessions} session(s), "
           f"{report.memory_days} memory note day(s), {report.memory_versions} memory "
-          "version(s)")
+          f"version(s), {report.rounds} read round record(s), {report.ledger} ledger "
+          "entry(ies)")
     return EXIT_OK
 
 

@@ -145,7 +145,8 @@ class StorageConfig(_Section):
         None,
         gt=0,
         description="Dialog archive files and summaries older than this many days are deleted "
-        "(with their index rows) by the periodic gc and `ctxproxy gc`; null: kept forever.",
+        "(with their index rows) by the periodic gc and `ctxproxy gc`, and so are cost ledger "
+        "entries (their sessions' totals recomputed); null: kept forever.",
     )
 
     @field_validator("url")

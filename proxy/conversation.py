@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
 from .asgi import JSON_CT, Headers, read_body, run_until_disconnect, send_whole, timing_of
 from .formats import Format, Tap
-from .formats.chat import CHAT
+from .formats.chat import CHAT, ChatTap
+from .ledger.service import RequestCalls
 from .metrics import Metrics
 from .pipeline.model import PipelineResult, RequestView
 from .retrieval.loop import Finish, ReadLoop, Rounds
@@ -77,6 +78,7 @@ class Conversation:
         parsed = await _cpu(huge, fmt.parse, raw, svc.config.server.max_messages)
         body = parsed.body
         identity = resolve(header_map(scope), body, tenant=caller.tenant, history=parsed.history)
+        ticket = svc.ledger.begin(identity, fmt.name, parsed.model)
         # litellm routes translate chat completions only; other formats go to the upstream.
         params = svc.router.match(parsed.model) if fmt is CHAT else None
         upstream, forwarder = svc.upstream_of(fmt.name)
@@ -122,6 +124,12 @@ class Conversation:
                    if fmt.name == "messages" else None)
         rounds = Rounds()
         archived: list[bool] = []
+        statuses: list[int] = []  # the upstream's first status (the ledger records 2xx only)
+
+        async def on_status(status: int) -> None:
+            if not statuses:
+                statuses.append(status)
+            await writes.settle(status)
 
         shared = svc.store.shared is not None
 
@@ -142,19 +150,19 @@ class Conversation:
 
         if params is not None:
             work = _via_litellm(svc, params, {**body, "messages": forwarded}, extra, scope, send,
-                                tap)
+                                tap, statuses)
         elif reads and reader is not None:
             # The loops splice each round into ``out``'s bytes; of the parsed body they read
             # only top-level fields, which the pipeline never changes: the client's body serves,
             # not a second parse of the forwarded one (megabytes on every agent request).
             loop_body = reader.with_tool(body)
             work = _via_reads(reader, fmt, svc, scope, send, loop_body, extra, tap, identity,
-                              rounds, writes, out, finish, binding)
+                              rounds, writes, out, finish, binding, on_status)
         else:
             work = forwarder.forward(
                 scope, send, "POST", fmt.subpath, out, extra=extra,
                 stream_tap=tap.stream, whole_tap=tap.whole,
-                on_status=writes.settle, before_end=before_end if shared else writes.drain,
+                on_status=on_status, before_end=before_end if shared else writes.drain,
                 buffer_unknown=True,
                 error_event=anthropic_error_event if fmt.name == "messages" else sse_error_event,
                 binding=binding,
@@ -169,16 +177,26 @@ class Conversation:
             writes.finish(disconnected=disconnected)
             if not rounds.replayable and not parsed.continued:
                 svc.replays.answered(identity, fmt.name, parsed.history, tap.answer())
+            answer = tap.answer()
             svc.archive.record_answer_later(
-                identity, sent, chains, tap.answer(), result.stats, writes, rounds.internal,
+                identity, sent, chains, answer, result.stats, writes, rounds.internal,
                 recorded=any(archived),
             )
+            # Every upstream call is billed: the read loop's, each with its own usage; else
+            # the one answer the tap saw.
+            calls = RequestCalls(
+                status=statuses[0] if statuses else None,
+                usages=rounds.calls if rounds.calls else [tap.usage()],
+                sent_at=rounds.sent_at, answer=answer, read_tool=reads)
+            svc.ledger.finish(ticket, parsed=parsed, chains=chains, raw=raw, result=result,
+                              calls=calls, writes=writes)
 
 
 async def _via_reads(
     reader: ReadLoop, fmt: Format, svc: Services, scope: Scope, send: Send,
     body: dict[str, Any], extra: Headers, tap: Tap, identity: Identity, rounds: Rounds,
     writes: Writes, raw: bytes, finish: Finish = None, binding: Binding | None = None,
+    on_status: Callable[[int], Awaitable[None]] | None = None,
 ) -> None:
     """The model may call the proxy's read tool: run it and ask again (retrieval/loop)."""
     up, _ = svc.upstream_of(fmt.name)
@@ -187,25 +205,30 @@ async def _via_reads(
     headers = up.request_headers(scope["headers"])
     if body.get("stream") is True:
         done = await reader.stream(send, body, url, headers, extra, identity, tap.stream,
-                                   on_status=writes.settle, settled=writes.drain, raw=raw,
-                                   finish=finish, binding=binding)
+                                   on_status=on_status or writes.settle, settled=writes.drain,
+                                   raw=raw, finish=finish, binding=binding)
     else:
         done = await reader.non_stream(send, body, url, headers, extra, identity, tap.whole,
-                                       on_status=writes.settle, settled=writes.drain, raw=raw,
-                                       finish=finish, binding=binding)
+                                       on_status=on_status or writes.settle,
+                                       settled=writes.drain, raw=raw, finish=finish,
+                                       binding=binding)
     timing_of(scope).mark()
     rounds.rounds, rounds.internal, rounds.usage = done.rounds, done.internal, done.usage
     rounds.wire, rounds.full, rounds.results = done.wire, done.full, done.results
+    rounds.calls, rounds.sent_at = done.calls, done.sent_at
 
 
 async def _via_litellm(
     svc: Services, params: Mapping[str, Any], body: dict[str, Any], extra: Headers,
-    scope: Scope, send: Send, tap: Tap,
+    scope: Scope, send: Send, tap: Tap, statuses: list[int],
 ) -> None:
     timing = timing_of(scope)
     timing.restart()
-    answer = await svc.router.complete(params, body)
+    # The usage is billed whether or not the client's stream asked to see it.
+    on_usage = tap.saw_usage if isinstance(tap, ChatTap) else None
+    answer = await svc.router.complete(params, body, on_usage=on_usage)
     timing.mark()
+    statuses.append(answer.status)
     if answer.chunks is not None:
         headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         await send(

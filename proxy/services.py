@@ -15,6 +15,7 @@
       readers                  the proxy's read tool and its loop, per wire format
       thinking                 the sessions whose thinking blocks need drop_block (Messages)
       replays                  the loops' rounds, put back on later turns (proxy.rounds)
+      ledger                   every billed call: provider usage, cost, the counterfactual
       writes, usage            what a request may write; disk used per tenant
       background               work after the response, drained on shutdown (and by tests)
       gc                       expiry and disk measurement, at start-up and hourly
@@ -41,7 +42,10 @@ from .compaction.client import SummarizerClient
 from .compaction.compactor import Compactor, NullCompactor
 from .compaction.planner import Planner
 from .compaction.windows import ContextWindows
-from .config import Config
+from .config import Config, LedgerConfig, PriceConfig
+from .ledger.calls import CallSink
+from .ledger.prices import Price, Prices
+from .ledger.service import Ledger, NullLedger
 from .memory.service import Memory, NullMemory
 from .metrics import Metrics
 from .pipeline.count import RequestCounter
@@ -140,6 +144,7 @@ class Services:
     readers: Mapping[str, ReadLoop]  # by format name; none when the read tool is off
     thinking: ThinkingBindings
     replays: Replays  # the read loops' rounds, kept and put back on later turns
+    ledger: Ledger | NullLedger  # the cost ledger
     writes: WritePolicy
     usage: DiskUsage
     background: Background
@@ -219,11 +224,24 @@ class Periodic:
                 await self._task
 
 
-def _warm(counter: RequestCounter, windows: ContextWindows) -> None:
+def _warm(counter: RequestCounter, windows: ContextWindows, prices: Prices | None) -> None:
     # o200k only: current OpenAI models and the estimate for every other provider. cl100k
     # (~30 MB) loads the first time an older model is seen, in a worker thread.
     counter.counter.preload(("gpt-4o",))
     windows.load()
+    if prices is not None:
+        prices.load()
+
+
+def _price(p: PriceConfig) -> Price:
+    return Price.of(input=p.input, output=p.output, cache_read=p.cache_read,
+                    cache_write=p.cache_write, cache_write_1h=p.cache_write_1h)
+
+
+def prices_of(config: LedgerConfig) -> Prices:
+    """The price table of the ledger's config (over litellm's bundled map)."""
+    return Prices({name: _price(p) for name, p in config.prices.items()},
+                  default=_price(config.default_price) if config.default_price else None)
 
 
 async def open_services(
@@ -232,7 +250,10 @@ async def open_services(
     stages: Sequence[Stage] | None = None,
     metrics: Metrics | None = None,
     gate: Gate | None = None,
+    calls: CallSink | None = None,
 ) -> Services:
+    """The app's services; ``calls`` is told of the summarizer and fold calls made on a
+    session's behalf (the ledger)."""
     gate = gate if gate is not None else Gate(config.auth)
     metrics = metrics or Metrics()
     storage = config.storage
@@ -259,6 +280,18 @@ async def open_services(
     writes = WritePolicy(store.files.tenant_known, usage, storage.max_tenant_mb, metrics,
                          background)
 
+    ledger: Ledger | NullLedger = NullLedger()
+    prices: Prices | None = None
+    if config.ledger.enabled and store.ledger is not None:
+        prices = prices_of(config.ledger)
+        read_schema = (ReadTool(config, store.originals).definition()
+                       if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0
+                       else None)
+        ledger = Ledger(config.ledger, config.offload, store.ledger, prices, counter, metrics,
+                        background, digest_cache=store.dialog.digest_cache if store.dialog
+                        else None, read_tool=read_schema, shared=store.shared is not None)
+    if calls is None and isinstance(ledger, Ledger):
+        calls = ledger
     archive: Archive | NullArchive = NullArchive()
     summaries: Summaries = _NoSummaries()
     sessions: SessionIndex = _NoSessions()
@@ -277,11 +310,13 @@ async def open_services(
         archive = Archive(store.dialog, counters, background, metrics)
         summaries, sessions = store.summaries, store.sessions
         if store.memory is not None:
-            memory = _memory(config, store.memory, upstream, router, background, read_tool)
+            memory = _memory(config, store.memory, upstream, router, background, read_tool,
+                             calls)
         if config.compaction.enabled:
             compactor = Compactor(config.compaction, summaries=summaries, archive=store.dialog,
                                   client=summarizer, windows=windows, shared=store.shared,
-                                  facts=memory if isinstance(memory, Memory) else None)
+                                  facts=memory if isinstance(memory, Memory) else None,
+                                  calls=calls)
     # The proxy's read rounds, put back on later turns: only while the proxy runs the tool (a
     # replayed call of a tool the request does not define would be refused).
     replays = Replays(store.rounds, cache_bytes=cache // 20)
@@ -311,7 +346,7 @@ async def open_services(
     # The encoding (~0.4 s) and the window map load before the port accepts requests: building
     # the encoding holds the GIL for most of that time, which would stall the event loop (and
     # every request in flight) if it happened while serving.
-    await asyncio.to_thread(_warm, counter, windows)
+    await asyncio.to_thread(_warm, counter, windows, prices)
 
     services = Services(
         config=config, gate=gate, metrics=metrics, upstream=upstream,
@@ -320,7 +355,7 @@ async def open_services(
         originals=originals, files=store.files, archive=archive, summaries=summaries,
         sessions=sessions, compactor=compactor, memory=memory, pipeline=pipeline,
         readers=readers, thinking=ThinkingBindings(store.sessions, metrics, background),
-        replays=replays, writes=writes, usage=usage, background=background,
+        replays=replays, ledger=ledger, writes=writes, usage=usage, background=background,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
     )
     services.gc.start(services.collect_garbage)
@@ -345,7 +380,7 @@ def _live_metrics(
 
 def _memory(
     config: Config, store: MemoryStore, upstream: Upstream, router: LitellmRouter,
-    background: Background, read_tool: str | None,
+    background: Background, read_tool: str | None, calls: CallSink | None = None,
 ) -> Memory | NullMemory:
     """Long-term memory: on only with compaction (its facts come from the summarizer call);
     off, its store still serves /files what an earlier run kept."""
@@ -358,7 +393,7 @@ def _memory(
         upstream, router, model=config.memory.model or config.compaction.model,
         timeout_s=config.compaction.summarizer_timeout_s,
     )
-    return Memory(config.memory, store, folder, background, read_tool=read_tool)
+    return Memory(config.memory, store, folder, background, read_tool=read_tool, calls=calls)
 
 
 def _memory_metrics(metrics: Metrics, memory: Memory | NullMemory) -> None:

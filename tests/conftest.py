@@ -47,6 +47,7 @@ ONE_WORKER_MODULES = {
     "tests/test_postgres_memory.py": "postgres",
     "tests/test_thinking_recovery.py": "postgres",
     "tests/test_replay_postgres.py": "postgres",
+    "tests/test_ledger_store.py": "postgres",
     "tests/test_scale_out.py": "scale-out",
     "tests/test_preserved_thinking.py": "postgres",
     "tests/test_claude_code.py": "claude-code",  # the nine-file session: one run, two tests

@@ -12,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import LedgerConfig, OffloadConfig, RetrievalConfig
-from proxy.ledger.cache import ClientChange, attribute, cache_fell, compare, direct_usage
+from proxy.ledger.cache import (
+    ClientChange,
+    attribute,
+    cache_fell,
+    compare,
+    direct_prompt,
+    direct_usage,
+    local_scale,
+)
 from proxy.ledger.changes import describe
 from proxy.ledger.entry import (
     Change,
@@ -164,29 +172,40 @@ RULE = Prefix(ttl_s=300, cacheable=True)
 
 
 def test_direct_reads_the_shared_prefix_within_the_ttl() -> None:
-    usage = direct_usage(tokens=10_000, prefix=8_000, rule=RULE, gap_s=30, min_tokens=1024,
+    usage = direct_usage(total=10_000, shared=8_000, rule=RULE, gap_s=30, min_tokens=1024,
                          output=50)
     assert usage == Usage(cache_read=8_000, cache_write_5m=2_000, output=50)
-    lapsed = direct_usage(tokens=10_000, prefix=8_000, rule=RULE, gap_s=301, min_tokens=1024,
+    lapsed = direct_usage(total=10_000, shared=8_000, rule=RULE, gap_s=301, min_tokens=1024,
                           output=50)
     assert lapsed == Usage(cache_write_5m=10_000, output=50)
-    short = direct_usage(tokens=1_500, prefix=1_000, rule=RULE, gap_s=1, min_tokens=1024,
+    short = direct_usage(total=1_500, shared=1_000, rule=RULE, gap_s=1, min_tokens=1024,
                          output=0)
     assert short.cache_read == 0  # under the providers' minimum: never cached
-    first = direct_usage(tokens=5_000, prefix=0, rule=RULE, gap_s=None, min_tokens=0, output=0)
+    first = direct_usage(total=5_000, shared=0, rule=RULE, gap_s=None, min_tokens=0, output=0)
     assert first == Usage(cache_write_5m=5_000)
+    openai = direct_usage(total=10_000, shared=8_000, rule=RULE, gap_s=30, min_tokens=1024,
+                          output=5, writes_billed=False)
+    assert openai == Usage(input=2_000, cache_read=8_000, output=5)
 
 
 def test_direct_follows_the_clients_caching() -> None:
-    hour = direct_usage(tokens=10_000, prefix=8_000, rule=Prefix(ttl_s=3600), gap_s=1800,
+    hour = direct_usage(total=10_000, shared=8_000, rule=Prefix(ttl_s=3600), gap_s=1800,
                         min_tokens=0, output=0)
     assert hour == Usage(cache_read=8_000, cache_write_1h=2_000)
-    unmarked = direct_usage(tokens=10_000, prefix=8_000, rule=Prefix(cacheable=False),
+    unmarked = direct_usage(total=10_000, shared=8_000, rule=Prefix(cacheable=False),
                             gap_s=1, min_tokens=0, output=7)
     assert unmarked == Usage(input=10_000, output=7)
-    scaled = direct_usage(tokens=1_000, prefix=1_000, rule=RULE, gap_s=1, min_tokens=0,
-                          output=0, scale=1.2)
-    assert scaled == Usage(cache_read=1_200)
+
+
+def test_calibration_scales_only_what_was_added() -> None:
+    # The new content's own ratio: 3,000 provider tokens for 4,000 of the proxy's.
+    assert local_scale(10_000, 13_000, 12_000, 16_000) == pytest.approx(0.75)
+    assert local_scale(10_000, 10_050, 12_000, 12_100) is None  # too little added to tell
+    assert local_scale(10_000, 9_000, 12_000, 16_000) is None
+    # A request that appended: the previous estimate kept, the new tokens at the scale.
+    assert direct_prompt(sent=20_000, scale=0.5, previous=(12_000, 11_000)) == 15_000
+    assert direct_prompt(sent=20_000, scale=0.5, previous=None) == 10_000
+    assert direct_prompt(sent=10_000, scale=0.5, previous=(12_000, 11_000)) == 5_000
 
 
 def test_compare_finds_where_the_client_diverged() -> None:

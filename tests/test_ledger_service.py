@@ -143,10 +143,13 @@ async def test_an_append_only_session_reads_its_prefix_directly(tmp_path: Path) 
     second = await s.send(history(2), [chat_usage(2600, 1280)])
     assert second is not None and second.cache_reason is None and second.gap_s == 20
     assert second.direct is not None
-    # The shared prefix is the whole first request (scaled to the provider's count).
-    scale = 2600 / second.tokens_forwarded
-    assert second.direct.cache_read == round(first.tokens_sent * scale)
-    assert second.direct.prompt == round(second.tokens_sent * scale)
+    # The shared prefix is the whole first request, as estimated then (in the provider's
+    # count), and what the second added is scaled by its own ratio.
+    assert first.direct.prompt == 1300 and first.scale == pytest.approx(1300 / first.tokens_sent)
+    assert second.direct.cache_read == first.direct.prompt
+    added = (2600 - 1300) / (second.tokens_forwarded - first.tokens_forwarded)
+    assert second.scale == pytest.approx(added)
+    assert second.direct.prompt == 1300 + round((second.tokens_sent - first.tokens_sent) * added)
     assert second.usage == Usage(input=1320, cache_read=1280, output=10)
     assert second.cost == pytest.approx(PRICE.cost(second.usage))
     assert second.direct_cost == pytest.approx(PRICE.cost(second.direct))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import openai
 import pytest
 import respx
 
+from proxy.formats.chat import ChatFormat, ChatTap
+from proxy.ledger.usage import Usage, parse_usage
 from proxy.testing.servers import ServerThread
 
 from .conftest import ProxyFactory
@@ -77,6 +79,30 @@ def test_stream(routed: ServerThread, anthropic: respx.MockRouter) -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "Hello there"
     assert len([c for c in chunks if c.usage is not None]) == 1
+
+
+def test_stream_usage_reaches_the_tap_not_the_client(
+    routed: ServerThread, anthropic: respx.MockRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client asked no usage chunk, and gets none; the proxy keeps the usage the provider
+    billed (the ledger reads it from the answer's tap)."""
+    made: list[ChatTap] = []
+
+    def tap(self: ChatFormat, original: Callable[[ChatFormat], ChatTap] = ChatFormat.tap) -> ChatTap:
+        made.append(original(self))
+        return made[-1]
+
+    monkeypatch.setattr(ChatFormat, "tap", tap)
+    anthropic.post("https://api.anthropic.com/v1/messages").mock(
+        return_value=sse_response(text_events("Hel", "lo"))
+    )
+    chunks = list(sdk(routed).chat.completions.create(
+        model="claude", messages=MSGS, max_tokens=50, stream=True,  # type: ignore[arg-type]
+    ))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
+    assert all(c.usage is None for c in chunks)
+    [seen] = made
+    assert parse_usage("chat", seen.usage()) == Usage(input=25, output=15)
 
 
 def test_provider_error_is_enveloped(routed: ServerThread, anthropic: respx.MockRouter) -> None:

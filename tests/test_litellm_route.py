@@ -331,6 +331,35 @@ async def test_stream_without_usage(router: LitellmRouter, anthropic: respx.Mock
     assert all("usage" not in c and c["choices"] for c in events[:-1])
 
 
+@pytest.mark.parametrize("asked", [False, True])
+async def test_stream_usage_is_told_whether_or_not_the_client_asked(
+    router: LitellmRouter, anthropic: respx.MockRouter, asked: bool
+) -> None:
+    """The provider bills the call either way: ``on_usage`` gets its usage, and the client's
+    stream has a usage chunk only when it asked for one."""
+    anthropic.post(ANTHROPIC).mock(return_value=sse_response(text_events("Hi")))
+    told: list[Any] = []
+    extra = {"stream_options": {"include_usage": True}} if asked else {}
+    answer = await router.complete(PARAMS, request_body(stream=True, **extra),
+                                   on_usage=told.append)
+    events = events_of(await collect(answer))
+    with_usage = [c for c in events[:-1] if "usage" in c]
+    assert len(with_usage) == (1 if asked else 0)
+    [usage] = told
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (25, 15)
+    if asked:
+        assert with_usage[0]["usage"] == usage
+
+
+async def test_whole_answer_usage_is_told(router: LitellmRouter,
+                                          anthropic: respx.MockRouter) -> None:
+    anthropic.post(ANTHROPIC).mock(return_value=httpx.Response(200, json=TEXT_MESSAGE))
+    told: list[Any] = []
+    answer = await router.complete(PARAMS, request_body(), on_usage=told.append)
+    assert answer.body is not None
+    assert told == [orjson.loads(answer.body)["usage"]] and told[0]["prompt_tokens"] == 12
+
+
 async def test_stream_tool_call(router: LitellmRouter, anthropic: respx.MockRouter) -> None:
     events: list[dict[str, Any]] = [
         MESSAGE_START,

@@ -339,11 +339,13 @@ def test_a_database_from_before_gains_the_table(tmp_path: Path) -> None:
 
     from proxy.store.db import MIGRATIONS, SCHEMA_VERSION
 
+    rounds_version = 5  # the version that added the table
+    assert any("CREATE TABLE rounds" in s for s in MIGRATIONS[rounds_version - 1])
     path = tmp_path / "old.sqlite3"
     conn = sqlite3.connect(path, isolation_level=None)
-    for statement in (s for step in MIGRATIONS[:-1] for s in step):
+    for statement in (s for step in MIGRATIONS[:rounds_version - 1] for s in step):
         conn.execute(statement)
-    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
+    conn.execute(f"PRAGMA user_version={rounds_version - 1}")
     conn.close()
     with Database(path) as db:
         assert db.schema_version == SCHEMA_VERSION

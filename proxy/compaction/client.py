@@ -4,24 +4,69 @@ A Messages session (Claude Code, the anthropic SDK) is summarized by Anthropic: 
 upstream is asked in Messages format, with the client's own key (or ``anthropic.api_key``) and
 ``anthropic.summarizer_model`` (default: the request's model), so a Messages-only deployment
 needs no OpenAI key. A ``compaction.model`` that names a ``model_list`` route is used instead.
+
+Each HTTP call is billed by the provider on the session's behalf: a completer given ``on_call``
+tells it of every call it makes, failed ones too (a :class:`~proxy.ledger.calls.Call` with the
+answer's status and usage as it came; status 0 when no answer came: a timeout, a broken
+connection), once the answer is in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
-from ..errors import ProxyError, SummarizerError, UpstreamError
+from ..errors import ProxyError, SummarizerError, UpstreamError, UpstreamStatusError
+from ..ledger.calls import Call
 from ..upstream.http import Upstream
 from ..upstream.litellm_route import LitellmRouter
 
 log = logging.getLogger("proxy.pipeline")
 
 Complete = Callable[[list[dict[str, Any]]], Awaitable[str]]
+OnCall = Callable[[Call], None]
+
+
+class _Report:
+    """One call's report to ``on_call`` (None: nobody asked): made once, when its answer is
+    in, or with status 0 when none will come to a request that was sent."""
+
+    __slots__ = ("api", "done", "kind", "model", "on_call", "sent", "ts")
+
+    def __init__(self, on_call: OnCall | None, kind: Literal["summarizer", "memory_fold"],
+                 api: str, model: str) -> None:
+        self.on_call, self.kind, self.api, self.model = on_call, kind, api, model
+        self.ts = time.time()
+        self.sent = self.done = False
+
+    def sending(self) -> None:
+        self.ts = time.time()
+        self.sent = True
+
+    def answered(self, status: int, payload: bytes | None) -> None:
+        if self.done or not self.sent or self.on_call is None:
+            return
+        self.done = True
+        try:
+            self.on_call(Call(kind=self.kind, api=self.api, model=self.model,
+                              usage=_usage(payload), ts=self.ts, status=status))
+        except Exception:  # the ledger must never fail a compaction
+            log.exception("reporting a %s call failed", self.kind)
+
+
+def _usage(payload: bytes | None) -> Any:
+    if not payload:
+        return None
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return data.get("usage") if isinstance(data, dict) else None
 
 
 class SummarizerClient:
@@ -60,8 +105,12 @@ class SummarizerClient:
         return self.router.match(model) is None and self.upstream.config.api_key is None
 
     def completer(
-        self, request_model: str, headers: Sequence[tuple[bytes, bytes]], *, api: str = "chat"
+        self, request_model: str, headers: Sequence[tuple[bytes, bytes]], *, api: str = "chat",
+        on_call: OnCall | None = None,
+        kind: Literal["summarizer", "memory_fold"] = "summarizer",
     ) -> Complete:
+        """Summarizer calls for a request in wire format ``api``; ``on_call`` is told of each
+        HTTP call made (as ``kind``, see the module docstring)."""
         model = self._model(request_model, api)
         anthropic = self._anthropic(api)
         # Keep only what authenticates the caller: the summarizer call is the proxy's own.
@@ -72,33 +121,42 @@ class SummarizerClient:
 
         async def complete(prompt: list[dict[str, Any]]) -> str:
             self.calls += 1
-            call = (self._call(model, kept, prompt) if anthropic is None
-                    else self._call_messages(anthropic, model, kept, prompt))
+            report = _Report(on_call, kind, "chat" if anthropic is None else "messages", model)
+            call = (self._call(model, kept, prompt, report) if anthropic is None
+                    else self._call_messages(anthropic, model, kept, prompt, report))
             try:
                 return await asyncio.wait_for(call, self.timeout_s)
             except TimeoutError:
                 self.failures += 1
+                report.answered(0, None)
                 raise SummarizerError(f"summarizer timed out after {self.timeout_s:g} s") from None
             except (ProxyError, SummarizerError) as exc:
                 self.failures += 1
+                report.answered(exc.status if isinstance(exc, UpstreamStatusError) else 0, None)
                 raise SummarizerError(str(exc)) from None
+            except asyncio.CancelledError:
+                report.answered(0, None)  # the provider may be answering (and billing) anyway
+                raise
 
         return complete
 
     async def _call(
-        self, model: str, headers: list[tuple[bytes, bytes]], prompt: list[dict[str, Any]]
+        self, model: str, headers: list[tuple[bytes, bytes]], prompt: list[dict[str, Any]],
+        report: _Report,
     ) -> str:
         body: dict[str, Any] = {"model": model, "messages": prompt, "temperature": 0}
         params = self.router.match(model)
         if params is not None:
+            report.sending()
             answer = await self.router.complete(params, body)
+            report.answered(answer.status, answer.body)  # litellm's translation has the usage
             return _content(answer.body or b"")
-        return _content(await _post(self.upstream, "chat/completions", headers, body))
+        return _content(await _post(self.upstream, "chat/completions", headers, body, report))
 
 
     async def _call_messages(
         self, up: Upstream, model: str, headers: list[tuple[bytes, bytes]],
-        prompt: list[dict[str, Any]],
+        prompt: list[dict[str, Any]], report: _Report,
     ) -> str:
         """The summary from Anthropic's Messages API (the prompt's system messages as
         ``system``, the rest as user/assistant turns)."""
@@ -113,7 +171,7 @@ class SummarizerClient:
             body["system"] = system
         if not any(k == b"anthropic-version" for k, _ in headers):
             headers = [*headers, (b"anthropic-version", b"2023-06-01")]
-        payload = await _post(up, "v1/messages", headers, body)
+        payload = await _post(up, "v1/messages", headers, body, report)
         try:
             data = orjson.loads(payload)
             text = "".join(b["text"] for b in data["content"] if b.get("type") == "text")
@@ -152,16 +210,25 @@ def _content(payload: bytes) -> str:
 
 
 async def _post(
-    up: Upstream, path: str, headers: list[tuple[bytes, bytes]], body: dict[str, Any]
+    up: Upstream, path: str, headers: list[tuple[bytes, bytes]], body: dict[str, Any],
+    report: _Report,
 ) -> bytes:
-    """The summarizer call's answer body; a :class:`SummarizerError` for any status but 200."""
+    """The summarizer call's answer body; a :class:`SummarizerError` for any status but 200.
+    ``report`` is told of the answer (status 0 when none came)."""
     out = up.request_headers(headers + [(b"content-type", b"application/json")])
-    resp = await up.send("POST", up.url(path), out, orjson.dumps(body))
+    report.sending()
+    try:
+        resp = await up.send("POST", up.url(path), out, orjson.dumps(body))
+    except ProxyError:
+        report.answered(0, None)
+        raise
     async with resp:
         try:
             payload = await resp.read()
         except Exception as exc:
+            report.answered(0, None)  # no answer came whole: its usage is unknown
             raise UpstreamError(f"summarizer answer broke off: {type(exc).__name__}") from None
+        report.answered(resp.status, payload)
         if resp.status != 200:
             # Status and the error's type/code only: error bodies may echo the caller's key
             # ("Incorrect API key provided: sk-..."), and this message is logged.

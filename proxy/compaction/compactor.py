@@ -17,6 +17,10 @@ still served); an abandoned request does not wait for it.
 With long-term memory on (a :class:`FactsSink`), the same summarizer call also returns durable
 facts, handed to the sink (:mod:`proxy.memory`); a failure there is logged, never raised.
 
+Each summarizer call (a retry too) is reported to ``calls`` (a
+:class:`~proxy.ledger.calls.CallSink`, the ledger) once, for the request whose compaction made
+it: not for the requests that wait on its flight.
+
 With a store shared by many replicas (``shared``, PostgreSQL) the same history must forward the
 same bytes on every replica, so nothing a replica holds in memory decides: :meth:`state` asks
 the store on every request (one query), :meth:`obtain` claims the compaction in the store
@@ -39,12 +43,14 @@ from typing import Any, Protocol
 
 from ..config import CompactionConfig
 from ..errors import StoreUnavailable
+from ..ledger.calls import CallSink
 from ..lru import LRU
 from ..pipeline.model import RequestView
+from ..session import Identity
 from ..store.interfaces import DialogStore, SharedSummaries, Summaries
 from ..store.summaries import SummaryRecord, markdown_size
 from ..writes import Mode, Writes
-from .client import Complete, SummarizerClient
+from .client import Complete, OnCall, SummarizerClient
 from .guard import user_turns
 from .index import SummaryIndex
 from .planner import Plan
@@ -82,9 +88,11 @@ class Compactor:
         windows: ContextWindows,
         facts: FactsSink | None = None,
         shared: SharedSummaries | None = None,
+        calls: CallSink | None = None,
     ) -> None:
         self.config = config
         self.facts = facts
+        self.calls = calls  # told of each summarizer call (the ledger)
         self.summaries = summaries
         self.shared = shared
         self.archive = archive
@@ -235,7 +243,8 @@ class Compactor:
             request.identity.session,
             list(request.messages[plan.start : plan.cut]),
             list(request.chains[plan.head : plan.cut]),
-            self.client.completer(request.model, request.headers, api=request.api),
+            self.client.completer(request.model, request.headers, api=request.api,
+                                  on_call=self._on_call(request.identity)),
             self.config.model or request.model,
             tokens_before,
             # The verbatim user requests take at most ~5% of the window (~4 chars a token).
@@ -244,6 +253,14 @@ class Compactor:
             # The guard numbers turns over the whole history: count those already summarized.
             user_turns(request.messages[: plan.start]) if self.config.guard.enabled else 0,
         )
+
+    def _on_call(self, identity: Identity) -> OnCall | None:
+        """Summarizer calls reported for the request that makes them: requests waiting on the
+        same flight (or taking a prepared summary) made none."""
+        calls = self.calls
+        if calls is None:
+            return None
+        return lambda call: calls.record_call(identity, call)
 
     async def _summarize_parts(
         self,

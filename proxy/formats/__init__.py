@@ -47,13 +47,18 @@ class Parsed:
 
 
 class Tap(Protocol):
-    """Watches an answer's bytes as they are relayed, to archive it."""
+    """Watches an answer's bytes as they are relayed, to archive it and bill it."""
 
     def stream(self, chunk: bytes) -> None: ...
 
     def whole(self, body: bytes) -> None: ...
 
     def answer(self) -> dict[str, Any] | list[Any] | None: ...
+
+    def usage(self) -> Any:
+        """The answer's ``usage`` object as the provider sent it (None when none was seen):
+        :func:`proxy.ledger.usage.parse_usage` reads it in the format's name."""
+        ...
 
 
 class Format(Protocol):

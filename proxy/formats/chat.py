@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from ..errors import BadRequest
 from ..pipeline.model import Message
 from ..upstream.assemble import StreamAssembler, message_from_completion
@@ -70,11 +72,18 @@ class ChatTap:
     """Sees the answer's bytes as they pass to the client, to archive it assembled as one
     assistant message."""
 
-    __slots__ = ("assembler", "body")
+    __slots__ = ("_told", "assembler", "body")
 
     def __init__(self) -> None:
         self.assembler: StreamAssembler | None = None
         self.body: bytes | None = None
+        self._told: Any = None
+
+    def saw_usage(self, usage: Any) -> None:
+        """Told of a usage the bytes may not carry: a litellm route's stream has its usage
+        chunk only when the client asked for one, and the provider billed the call anyway."""
+        if usage is not None:
+            self._told = usage
 
     def stream(self, chunk: bytes) -> None:
         if self.assembler is None:
@@ -91,6 +100,24 @@ class ChatTap:
         if self.body is not None:
             return message_from_completion(self.body)
         return None
+
+    def usage(self) -> Any:
+        """The last non-null ``usage`` of the stream (the ``include_usage`` chunk's), or the
+        body's; what :meth:`saw_usage` was told when the bytes had none."""
+        seen: Any = None
+        if self.assembler is not None:
+            seen = self.assembler.usage
+        elif self.body is not None:
+            seen = _body_usage(self.body)
+        return seen if seen is not None else self._told
+
+
+def _body_usage(body: bytes) -> Any:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return data.get("usage") if isinstance(data, dict) else None
 
 
 class ChatFormat:

@@ -1,7 +1,9 @@
 """A Messages answer as the archive keeps it: the assistant message the client will send back
 (``{"role": "assistant", "content": [blocks]}``), from the JSON body or assembled from the SSE
 stream: text, ``tool_use`` input from its JSON fragments, thinking with its signature,
-redacted thinking and server-tool blocks as they started."""
+redacted thinking and server-tool blocks as they started. Its ``usage``: the body's, or
+``message_start``'s merged with ``message_delta``'s (whose counts are cumulative, and which
+alone carries ``iterations`` after server-side compaction: its fields win)."""
 
 from __future__ import annotations
 
@@ -53,7 +55,10 @@ class MessagesAssembler:
             if isinstance(delta, dict):
                 self.message.update(delta)
             if isinstance(data.get("usage"), dict):
-                self.message["usage"] = {**(self.message.get("usage") or {}), **data["usage"]}
+                # Cumulative counts: the delta's win, but a null there means "not reported"
+                # (as the anthropic SDK reads it), not zero.
+                given = {k: v for k, v in data["usage"].items() if v is not None}
+                self.message["usage"] = {**(self.message.get("usage") or {}), **given}
 
     def _delta(self, block: dict[str, Any], index: int, delta: Any) -> None:
         if not isinstance(delta, dict):
@@ -106,18 +111,30 @@ class MessagesTap:
     def whole(self, body: bytes) -> None:
         self._body = body
 
-    def answer(self) -> dict[str, Any] | None:
-        """The assistant message (None when nothing was seen)."""
+    def usage(self) -> Any:
+        """The message's ``usage`` as the provider reported it (None when none was seen)."""
         if self._assembler is not None:
-            if self._assembler.message is None and not self._assembler.blocks:
-                return None
-            return {"role": "assistant", "content": self._assembler.content()}
+            message = self._assembler.message
+            return message.get("usage") if message is not None else None
+        data = self._data()
+        return data.get("usage") if data is not None else None
+
+    def _data(self) -> dict[str, Any] | None:
         if self._body is None:
             return None
         try:
             data = orjson.loads(self._body)
         except orjson.JSONDecodeError:
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+        return data if isinstance(data, dict) else None
+
+    def answer(self) -> dict[str, Any] | None:
+        """The assistant message (None when nothing was seen)."""
+        if self._assembler is not None:
+            if self._assembler.message is None and not self._assembler.blocks:
+                return None
+            return {"role": "assistant", "content": self._assembler.content()}
+        data = self._data()
+        if data is None or not isinstance(data.get("content"), list):
             return None
         return {"role": "assistant", "content": data["content"]}

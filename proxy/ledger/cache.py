@@ -4,20 +4,26 @@ why a call's cached share fell.
 **The counterfactual** (README "Honest cost"): what the client would have paid sending its own
 history directly, under the provider's caching rules. For client request ``i`` of a session:
 
-    T_i  = the tokens the client sent (the proxy's count, scaled to the provider's count: see
-           below)
+    T_i  = the tokens the client sent, in the provider's tokens (below)
     P_i  = the tokens of the longest prefix request ``i`` shares with request ``i-1`` (whole
-           items, ``cache_control`` markers aside: the provider's cache ignores them), when
-           the gap between the two is within the cache's TTL and the prefix is at least
-           ``min_cacheable_tokens``; else 0
+           items, ``cache_control`` markers aside: the provider's cache ignores them): all of
+           ``T_{i-1}`` when the client appended to its history; 0 when the gap between the two
+           exceeds the cache's TTL or the prefix is under ``min_cacheable_tokens``
     direct usage_i = P_i read from the cache, T_i - P_i written to it (at the write price:
-           1.25x for Anthropic's 5-minute TTL, 2x for 1 hour, 1x where writes are free),
-           plus the output the provider reported for the forwarded request
+           1.25x for Anthropic's 5-minute TTL, 2x for 1 hour; plain input where writes are not
+           billed, OpenAI), plus the output the provider reported for the forwarded request
 
 A client that marks nothing for caching on Anthropic (no ``cache_control`` anywhere) is never
-cached directly: ``T_i`` at the input price. Tokens are counted by the proxy (o200k_base), and
-providers count their own way (Claude's tokenizer differs), so both ``T_i`` and ``P_i`` are
-scaled by the forwarded request's ratio of the provider's prompt to the proxy's count of it.
+cached directly: ``T_i`` at the input price.
+
+Tokens are counted by the proxy (o200k_base) and providers count their own way (Claude's
+tokenizer differs, and a log tokenizes unlike prose), so the proxy's counts are scaled to the
+provider's: ``T_i = T_{i-1} + (sent_i - sent_{i-1}) * s_i`` for a client that appended, the
+whole request at ``s_i`` otherwise (the first, an edited history). ``s_i`` is the ratio of
+what the provider billed to what the proxy counted for the content request ``i`` added to the
+forwarded request (both in one epoch: the forwarded request opens with the previous one), or,
+when that cannot be told (an epoch's first request, too little added), the previous request's
+``s``, or the whole forwarded request's ratio.
 
 **Cache breaks.** A call's cached share *fell* when the provider read fewer tokens from its cache
 than the previous call of the session left there (what it read plus what it wrote; on OpenAI,
@@ -51,8 +57,10 @@ __all__ = [
     "attribute",
     "cache_fell",
     "compare",
+    "direct_prompt",
     "direct_usage",
     "left_cached",
+    "local_scale",
 ]
 
 # OpenAI caches prompts of at least this many tokens, in increments of 128.
@@ -100,20 +108,43 @@ def compare(previous: Prefix | None, current: Prefix, chains: Sequence[str],
     return ClientChange(False, lo, lo)
 
 
-def direct_usage(*, tokens: int, prefix: int, rule: Prefix, gap_s: float | None,
-                 min_tokens: int, output: int, scale: float = 1.0) -> Usage:
-    """The counterfactual call's usage (module docstring): ``tokens`` sent, ``prefix`` of them
-    shared with the previous request (0 when there was none), in the proxy's count."""
-    total = round(tokens * scale)
+def local_scale(previous_prompt: int, prompt: int, previous_forwarded: int,
+                forwarded: int, *, min_delta: int = 256) -> float | None:
+    """The provider's tokens per proxy token of what a request added to the previous one
+    (both forwarded in one epoch, so the later opens with the earlier): the new content's own
+    ratio, which a whole request's average misses (a log tokenizes unlike prose). None when
+    too little was added to tell."""
+    grown, counted = prompt - previous_prompt, forwarded - previous_forwarded
+    if counted < min_delta or grown <= 0:
+        return None
+    return min(4.0, max(0.25, grown / counted))
+
+
+def direct_prompt(*, sent: int, scale: float, previous: tuple[int, int] | None) -> int:
+    """``T_i`` in the provider's tokens: a request extending the previous one (``previous``:
+    its tokens sent and its direct prompt) is that prompt plus its new tokens at ``scale``, so
+    the estimate of what was sent before is never rescaled; any other, all of it at ``scale``."""
+    if previous is not None and sent >= previous[0]:
+        return previous[1] + round((sent - previous[0]) * scale)
+    return round(sent * scale)
+
+
+def direct_usage(*, total: int, shared: int, rule: Prefix, gap_s: float | None,
+                 min_tokens: int, output: int, writes_billed: bool = True) -> Usage:
+    """The counterfactual call's usage (module docstring): ``total`` prompt tokens of which
+    ``shared`` are the previous request's (0 when there was none), in the provider's tokens.
+    Where writes are not billed (OpenAI) the uncached part is plain input."""
     if not rule.cacheable:
         return Usage(input=total, output=output)
-    shared = 0
-    if gap_s is not None and gap_s <= rule.ttl_s and prefix >= min_tokens:
-        shared = min(round(prefix * scale), total)
-    written = total - shared
+    read = 0
+    if gap_s is not None and gap_s <= rule.ttl_s and shared >= min_tokens:
+        read = min(shared, total)
+    written = total - read
+    if not writes_billed:
+        return Usage(input=written, cache_read=read, output=output)
     if rule.ttl_s >= 3600:
-        return Usage(cache_read=shared, cache_write_1h=written, output=output)
-    return Usage(cache_read=shared, cache_write_5m=written, output=output)
+        return Usage(cache_read=read, cache_write_1h=written, output=output)
+    return Usage(cache_read=read, cache_write_5m=written, output=output)
 
 
 def left_cached(usage: Usage, *, writes_billed: bool) -> int:

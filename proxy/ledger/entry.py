@@ -124,6 +124,7 @@ class LedgerEntry:
     direct_cost: float | None = None
     cache_reason: str | None = None  # why the cached share fell (CACHE_REASONS); None: it held
     gap_s: float | None = None  # seconds since the session's previous call (None: the first)
+    scale: float | None = None  # provider tokens per proxy token (the counterfactual's calibration)
     epoch: str = ""  # the epoch the request was forwarded in (proxy.pipeline.epoch)
     compacted: bool = False  # the forwarded request carries a summary
     compaction: bool = False  # this request made a new one
@@ -145,7 +146,7 @@ class LedgerEntry:
 
 _SCALARS: Final = ("tenant", "session", "id", "request", "ts", "kind", "api", "model", "cost",
                    "status", "tokens_sent", "tokens_forwarded", "direct_cost", "cache_reason",
-                   "gap_s", "epoch", "compacted", "compaction", "offloaded", "rounds")
+                   "gap_s", "scale", "epoch", "compacted", "compaction", "offloaded", "rounds")
 _USAGES: Final = ("usage", "estimate", "direct")
 
 

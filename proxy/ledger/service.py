@@ -29,7 +29,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -48,7 +48,15 @@ from ..session import Identity
 from ..store.chains import DigestCacheLike, chain_hashes
 from ..store.interfaces import LedgerStore
 from ..writes import Writes
-from .cache import ClientChange, attribute, cache_fell, compare, direct_usage
+from .cache import (
+    ClientChange,
+    attribute,
+    cache_fell,
+    compare,
+    direct_prompt,
+    direct_usage,
+    local_scale,
+)
 from .calls import Call
 from .changes import describe
 from .entry import Change, LedgerEntry, Prefix
@@ -113,6 +121,7 @@ class RequestCalls:
     usages: Sequence[Any]  # each call's raw usage object, in order (the first call first)
     sent_at: Sequence[float]  # unix seconds each call was sent (may be empty)
     answer: Any  # the answer as archived (for an estimate of its output)
+    read_tool: bool = False  # the proxy's read tool went out with the request
 
 
 @dataclass(slots=True)
@@ -153,6 +162,7 @@ class Ledger:
         background: Background,
         *,
         digest_cache: DigestCacheLike | None = None,
+        read_tool: Mapping[str, Any] | None = None,
         shared: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -164,6 +174,7 @@ class Ledger:
         self.metrics = metrics
         self.background = background
         self.digest_cache = digest_cache
+        self.read_tool = read_tool  # the read tool's schema (chat shape), counted when offered
         self.shared = shared
         self.clock = clock
         self._state: LRU[tuple[str, str], _State] = LRU(16384)
@@ -310,6 +321,9 @@ class Ledger:
         stats = result.stats
         sent = int(stats.get("tokens_in", len(raw) // 4))
         forwarded = int(stats.get("tokens_out", sent))
+        if calls.read_tool and self.read_tool is not None:
+            # Offered after the pipeline counted: it is forwarded (and billed) all the same.
+            forwarded += self.counter.counter.count_tools([self.read_tool], model)
         ttl, cacheable = self._rule(api, raw)
         items = parsed.items
         mf: Sequence[str] | None = None
@@ -335,8 +349,6 @@ class Ledger:
             or prev_request is not None and prev_request.epoch.split(":", 1)[0] != summary_chain)
         extends = change is None or change.extends
 
-        # The provider's count of the forwarded request calibrates the proxy's token counts.
-        scale = first.prompt / forwarded if first is not None and forwarded > 0 else 1.0
         output = first.output if first is not None else self._output_estimate(calls.answer)
 
         # The forwarded request, estimated when the provider reported nothing.
@@ -345,10 +357,23 @@ class Ledger:
             holds = (last is not None and extends and not epoch_start and gap is not None
                      and gap <= ttl and cacheable)
             shared = min(last.billed.prompt, forwarded) if holds and last is not None else 0
-            estimate = self._estimated(forwarded, shared, cacheable, ttl, output)
+            estimate = self._estimated(forwarded, shared, cacheable, ttl, output, api)
         billed = first or estimate or Usage()
 
+        # The provider's count calibrates the proxy's (proxy.ledger.cache): the content this
+        # request added, when it extends the previous one in the same epoch.
+        scale: float | None = None
+        if (first is not None and prev_request is not None and prev_request.usage is not None
+                and extends and not epoch_start):
+            scale = local_scale(prev_request.usage.prompt, first.prompt,
+                                prev_request.tokens_forwarded, forwarded)
+        if scale is None and prev_request is not None:
+            scale = prev_request.scale
+        if scale is None:
+            scale = first.prompt / forwarded if first is not None and forwarded > 0 else 1.0
+
         # The counterfactual.
+        writes = api == "messages" or billed.cache_write > 0
         if parsed.continued:
             # The history lives upstream either way: the client would have paid what was
             # billed plus the tokens the proxy cut from its new items, at the input price.
@@ -356,14 +381,22 @@ class Ledger:
                            billed.cache_read, billed.cache_write_5m, billed.cache_write_1h,
                            output)
         else:
+            earlier = prev_request.direct if prev_request is not None else None
+            appended = (change is not None and change.extends and prev_request is not None
+                        and earlier is not None)
+            total = direct_prompt(
+                sent=sent, scale=scale,
+                previous=(prev_request.tokens_sent, earlier.prompt)
+                if appended and prev_request is not None and earlier is not None else None)
             shared_tokens = 0
-            if change is not None and prev_request is not None:
-                shared_tokens = (prev_request.tokens_sent if change.extends
-                                 else self._prefix_tokens(parsed, change))
-            direct = direct_usage(tokens=sent, prefix=shared_tokens,
+            if appended and earlier is not None:
+                shared_tokens = earlier.prompt
+            elif change is not None and prev_request is not None:
+                shared_tokens = round(self._prefix_tokens(parsed, change) * scale)
+            direct = direct_usage(total=total, shared=shared_tokens,
                                   rule=prefix or Prefix(ttl_s=ttl, cacheable=cacheable),
                                   gap_s=direct_gap, min_tokens=self.config.min_cacheable_tokens,
-                                  output=output, scale=scale)
+                                  output=output, writes_billed=writes)
 
         reason = self._reason(api, last, billed, first is not None and last is not None
                               and last.usage is not None, gap=gap, ttl=ttl,
@@ -385,13 +418,15 @@ class Ledger:
             cost=self.prices.cost(model, billed), status=calls.status or 200,
             tokens_sent=sent, tokens_forwarded=forwarded, direct=direct,
             direct_cost=self.prices.cost(model, direct), cache_reason=reason, gap_s=gap,
+            scale=scale,
             epoch=result.epoch, compacted=bool(stats.get("compacted")), compaction=compaction,
             offloaded=int(stats.get("offloaded", 0)), rounds=max(0, len(calls.usages) - 1),
             changes=changes, prefix=prefix,
         )]
         previous = entries[0]
         for k, usage in enumerate(usages[1:], start=1):
-            ts = sent_at[k] if k < len(sent_at) else ticket.ts
+            # Anchored at the request's time (the ledger's clock), spaced as the loop sent them.
+            ts = ticket.ts + (sent_at[k] - sent_at[0] if k < len(sent_at) else 0.0)
             round_estimate = None
             if usage is None:
                 # A round repeats the request with the rounds so far appended: all of it read.
@@ -430,10 +465,12 @@ class Ledger:
 
     @staticmethod
     def _estimated(forwarded: int, shared: int, cacheable: bool, ttl: float,
-                   output: int) -> Usage:
+                   output: int, api: str) -> Usage:
         if not cacheable:
             return Usage(input=forwarded, output=output)
         written = forwarded - shared
+        if api != "messages":  # OpenAI bills no writes: the uncached part is input
+            return Usage(input=written, cache_read=shared, output=output)
         if ttl >= 3600:
             return Usage(cache_read=shared, cache_write_1h=written, output=output)
         return Usage(cache_read=shared, cache_write_5m=written, output=output)

@@ -15,7 +15,8 @@ compaction, when the summary changes the prefix anyway.
 *Fold*: at most one per ``fold_interval_hours`` per scope and only when facts came in since the
 last (:meth:`MemoryStore.claim_fold` checks both and takes the scope's lease in one
 transaction). A failed call or an unusable answer writes nothing and keeps the lease until it
-runs out, which spaces retries. Requests never wait for a fold.
+runs out, which spaces retries. Requests never wait for a fold. Its call is reported to
+``calls`` (the ledger) for the request that started the fold.
 
 A request whose key the provider has not accepted yet (writes held) gets no memory and starts
 no fold: such a tenant has none, and nothing may be written for it before the provider judges.
@@ -33,6 +34,7 @@ from ..background import Background
 from ..compaction.client import Complete, SummarizerClient
 from ..compaction.facts import stamp_facts
 from ..config import MemoryConfig
+from ..ledger.calls import CallSink
 from ..lru import LRU
 from ..pipeline.model import Message, RequestView
 from ..store.interfaces import MemoryStore
@@ -63,8 +65,10 @@ class Memory:
         background: Background,
         *,
         read_tool: str | None,
+        calls: CallSink | None = None,
     ) -> None:
         self.config = config
+        self.calls = calls  # told of each fold call (the ledger), for the request that folds
         self.store = store
         self.client = client
         self.background = background
@@ -148,7 +152,11 @@ class Memory:
         if key in self._folding or (self._next_check.get(key) or 0.0) > time.monotonic():
             return
         self._folding.add(key)
-        complete = self.client.completer(request.model, request.headers)
+        calls = self.calls
+        on_call = (None if calls is None
+                   else lambda call: calls.record_call(ident, call))
+        complete = self.client.completer(request.model, request.headers, on_call=on_call,
+                                         kind="memory_fold")
         self.background.spawn(self._fold(key, complete, writes))
 
     async def _fold(self, key: ScopeKey, complete: Complete, writes: Writes | None) -> None:

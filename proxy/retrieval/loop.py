@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -65,12 +66,25 @@ class Rounds:
     wire: list[bytes] = field(default_factory=list)
     full: list[bytes] | None = None
     results: list[bytes] = field(default_factory=list)
+    # For the ledger: every upstream call the loop made, in order, the first included (the
+    # client sees ``usage`` summed, which no price applies to): the usage object each answer
+    # reported as it came (None: none, e.g. an error), and when each was sent (unix seconds).
+    calls: list[Any] = field(default_factory=list)
+    sent_at: list[float] = field(default_factory=list)
 
     @property
     def replayable(self) -> bool:
         return bool(self.wire) or self.full is not None
 
+    def sent(self) -> None:
+        """An upstream call goes out; :meth:`add_usage` tells what it reported."""
+        self.calls.append(None)
+        self.sent_at.append(time.time())
+
     def add_usage(self, usage: Any) -> None:
+        """The usage the last call sent (:meth:`sent`): kept as it came, and summed."""
+        if self.calls and usage is not None:
+            self.calls[-1] = usage
         if not isinstance(usage, dict):
             return
         if self.usage is None:
@@ -235,12 +249,14 @@ class ReaderBase:
         return redact_secret(payload, self.upstream.config.api_key) if status >= 400 else payload
 
     async def _post(
-        self, url: URL, headers: list[tuple[str, str]], req: dict[str, Any] | bytes,
-        on_status: OnStatus, binding: Binding | None = None,
+        self, state: Rounds, url: URL, headers: list[tuple[str, str]],
+        req: dict[str, Any] | bytes, on_status: OnStatus, binding: Binding | None = None,
     ) -> aiohttp.ClientResponse:
-        """One round's request; through ``binding`` (Messages), a prefix-check 400 is sent
-        again with drop_block (:mod:`proxy.upstream.thinking`)."""
+        """One round's request, counted in ``state``; through ``binding`` (Messages), a
+        prefix-check 400 is sent again with drop_block (:mod:`proxy.upstream.thinking`; the
+        refused one is not billed, and not counted)."""
         data = req if isinstance(req, bytes) else orjson.dumps(req)
+        state.sent()
         if binding is not None:
             resp = await binding.send(self.upstream, "POST", url, headers, data)
         else:
@@ -356,7 +372,7 @@ class Reader(ReaderBase):
         req = encoder.request()
         while True:
             last = state.rounds > self.max_rounds
-            resp = await self._post(url, headers, req, on_status)
+            resp = await self._post(state, url, headers, req, on_status)
             async with resp:
                 payload = await read_whole(resp)
                 out_headers = response_headers(resp)
@@ -405,7 +421,7 @@ class Reader(ReaderBase):
             last = state.rounds > self.max_rounds
             rnd = _Round(self.tool.name, client_index, meta, first=state.rounds == 0)
             try:
-                resp = await self._post(url, headers, req, on_status)
+                resp = await self._post(state, url, headers, req, on_status)
                 async with resp:
                     if not await out.relay(resp, rnd.feed):
                         return state

@@ -106,7 +106,7 @@ class MessagesReader(ReaderBase):
         extra = [*extra]
         while True:
             last = state.rounds > self.max_rounds
-            resp = await self._post(url, headers, req, on_status, binding)
+            resp = await self._post(state, url, headers, req, on_status, binding)
             _mark(extra, binding)
             async with resp:
                 payload = await read_whole(resp)
@@ -161,7 +161,7 @@ class MessagesReader(ReaderBase):
             last = state.rounds > self.max_rounds
             rnd = _Round(self._ours, seen, first=state.rounds == 0)
             try:
-                resp = await self._post(url, headers, req, on_status, binding)
+                resp = await self._post(state, url, headers, req, on_status, binding)
                 _mark(extra, binding)
                 async with resp:
                     if not await out.relay(resp, rnd.feed):

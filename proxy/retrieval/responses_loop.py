@@ -118,7 +118,7 @@ class ResponsesReader(ReaderBase):
         req = encoder.request()
         while True:
             last = state.rounds > self.max_rounds
-            resp = await self._post(url, headers, req, on_status)
+            resp = await self._post(state, url, headers, req, on_status)
             async with resp:
                 payload = await read_whole(resp)
                 out_headers = response_headers(resp)
@@ -168,7 +168,7 @@ class ResponsesReader(ReaderBase):
             last = state.rounds > self.max_rounds
             rnd = _Round(self._ours, view, first=state.rounds == 0)
             try:
-                resp = await self._post(url, headers, req, on_status)
+                resp = await self._post(state, url, headers, req, on_status)
                 async with resp:
                     if not await out.relay(resp, rnd.feed):
                         return state

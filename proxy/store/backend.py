@@ -20,6 +20,7 @@ from .dialog import DialogArchive
 from .gc import GcReport, collect
 from .interfaces import (
     FileKind,
+    LedgerStore,
     MemoryStore,
     RoundStore,
     SessionIndex,
@@ -27,6 +28,7 @@ from .interfaces import (
     StoreBackend,
     Summaries,
 )
+from .ledger import SqliteLedger
 from .memory import MemoryFiles
 from .rounds import SqliteRounds
 from .summaries import SummaryStore
@@ -67,7 +69,8 @@ class DiskFiles:
 
 class FilesBackend:
     """Files plus SQLite under ``data_dir``. A database that cannot be opened leaves
-    ``dialog``, ``summaries`` and ``sessions`` None: the proxy forwards without them."""
+    ``dialog``, ``summaries``, ``sessions``, ``memory``, ``rounds`` and ``ledger`` None: the
+    proxy forwards without them."""
 
     name = "files"
     shared: SharedSummaries | None = None
@@ -89,6 +92,8 @@ class FilesBackend:
             MemoryFiles(self.database, self.data_dir) if self.database is not None else None)
         self.rounds: RoundStore | None = (
             SqliteRounds(self.database) if self.database is not None else None)
+        self.ledger: LedgerStore | None = (
+            SqliteLedger(self.database) if self.database is not None else None)
 
     @property
     def failures(self) -> int:

@@ -1,7 +1,8 @@
 """The one embedded SQLite database under ``data_dir`` (SPEC section 3, "Shared state").
 
 It holds the dialog message index, the per-file line counters of the archive, the summary cache,
-per-session counters, long-term memory's index and the proxy's replayed read rounds. Files on disk are the record for people; this database is what makes
+per-session counters, long-term memory's index, the proxy's replayed read rounds and the cost
+ledger. Files on disk are the record for people; this database is what makes
 "has this message been written?" and "is there a summary for this prefix?" one indexed query.
 
 Connection policy, and why:
@@ -175,6 +176,85 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (tenant, session, answer_key)
         ) WITHOUT ROWID""",
         "CREATE INDEX rounds_by_time ON rounds (created_at)",
+    ),
+    (
+        # The cost ledger (proxy.store.ledger): one row per billed call (a rowid table: the
+        # rowid is the insertion order, which breaks ties of ts), its columns what is summed or
+        # searched and body the whole entry; the totals per session kept in step with the
+        # rows, and the cache breaks per session and reason. ts: unix seconds.
+        """CREATE TABLE ledger (
+            tenant                TEXT NOT NULL,
+            session               TEXT NOT NULL,
+            id                    TEXT NOT NULL,
+            request               TEXT NOT NULL,
+            ts                    REAL NOT NULL,
+            kind                  TEXT NOT NULL,
+            api                   TEXT NOT NULL,
+            model                 TEXT NOT NULL,
+            status                INTEGER NOT NULL,
+            tokens_sent           INTEGER NOT NULL,
+            tokens_forwarded      INTEGER NOT NULL,
+            input                 INTEGER NOT NULL,
+            cache_read            INTEGER NOT NULL,
+            cache_write_5m        INTEGER NOT NULL,
+            cache_write_1h        INTEGER NOT NULL,
+            output                INTEGER NOT NULL,
+            reasoning             INTEGER NOT NULL,
+            iterations            INTEGER NOT NULL,
+            estimated             INTEGER NOT NULL,
+            cost                  REAL,
+            direct_input          INTEGER NOT NULL,
+            direct_cache_read     INTEGER NOT NULL,
+            direct_cache_write_5m INTEGER NOT NULL,
+            direct_cache_write_1h INTEGER NOT NULL,
+            direct_output         INTEGER NOT NULL,
+            direct_reasoning      INTEGER NOT NULL,
+            direct_iterations     INTEGER NOT NULL,
+            direct_cost           REAL,
+            cache_reason          TEXT,
+            body                  BLOB NOT NULL,
+            PRIMARY KEY (tenant, session, id)
+        )""",
+        "CREATE INDEX ledger_by_session_time ON ledger (tenant, session, ts)",
+        "CREATE INDEX ledger_by_time ON ledger (ts)",
+        """CREATE TABLE ledger_sessions (
+            tenant                TEXT NOT NULL,
+            session               TEXT NOT NULL,
+            requests              INTEGER NOT NULL,
+            calls                 INTEGER NOT NULL,
+            estimated             INTEGER NOT NULL,
+            tokens_sent           INTEGER NOT NULL,
+            tokens_forwarded      INTEGER NOT NULL,
+            input                 INTEGER NOT NULL,
+            cache_read            INTEGER NOT NULL,
+            cache_write_5m        INTEGER NOT NULL,
+            cache_write_1h        INTEGER NOT NULL,
+            output                INTEGER NOT NULL,
+            reasoning             INTEGER NOT NULL,
+            iterations            INTEGER NOT NULL,
+            direct_input          INTEGER NOT NULL,
+            direct_cache_read     INTEGER NOT NULL,
+            direct_cache_write_5m INTEGER NOT NULL,
+            direct_cache_write_1h INTEGER NOT NULL,
+            direct_output         INTEGER NOT NULL,
+            direct_reasoning      INTEGER NOT NULL,
+            direct_iterations     INTEGER NOT NULL,
+            cost                  REAL NOT NULL,
+            direct_cost           REAL NOT NULL,
+            unpriced              INTEGER NOT NULL,
+            first_ts              REAL NOT NULL,
+            last_ts               REAL NOT NULL,
+            PRIMARY KEY (tenant, session)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX ledger_sessions_by_time ON ledger_sessions (tenant, last_ts)",
+        "CREATE INDEX ledger_sessions_by_time_all ON ledger_sessions (last_ts)",
+        """CREATE TABLE ledger_breaks (
+            tenant  TEXT NOT NULL,
+            session TEXT NOT NULL,
+            reason  TEXT NOT NULL,
+            n       INTEGER NOT NULL,
+            PRIMARY KEY (tenant, session, reason)
+        ) WITHOUT ROWID""",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -9,7 +9,10 @@ reads (SPEC section 12). Run by the server at start-up and hourly, and by ``ctxp
   again, as new.
 * Long-term memory follows the same retention: daily notes, MEMORY files, versions and pins
   older than ``storage.dialog_ttl_days`` go too (:func:`proxy.store.memory.expire_memory`).
-* Every tenant's files are measured for the quota (:class:`DiskUsage`), memory included.
+* So do the cost ledger's entries recorded before the cutoff, their sessions' totals
+  recomputed from what remains (:meth:`proxy.store.ledger.SqlLedger.expire`).
+* Every tenant's files are measured for the quota (:class:`DiskUsage`), memory included; the
+  ledger is not (it lives in the database, and a quota must not stop cost accounting).
 
 Blocking: call :func:`collect` from a worker thread when on the event loop.
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from . import fs
 from .db import Database, format_ts
+from .ledger import SqliteLedger
 from .memory import expire_memory
 from .paths import DIALOG_DIR, MEMORY_DIR, SUMMARIES_DIR
 from .tool_results import ToolResultStore
@@ -43,10 +47,12 @@ class GcReport:
     summaries: int = 0  # summaries deleted (rows)
     sessions: int = 0  # session rows deleted
     usage: dict[str, int] = field(default_factory=dict)  # bytes per tenant after the run
+    ledger_entries: int = 0  # cost ledger entries deleted
 
     @property
     def expired(self) -> bool:
-        return bool(self.dialog_files or self.summaries or self.sessions or self.memory_files)
+        return bool(self.dialog_files or self.summaries or self.sessions or self.memory_files
+                    or self.ledger_entries)
 
 
 def collect(
@@ -60,15 +66,17 @@ def collect(
 ) -> GcReport:
     now = time.time() if now is None else now
     deleted = tool_results.gc(now)
-    files = summaries = sessions = memory = 0
+    files = summaries = sessions = memory = ledger = 0
     if dialog_ttl_days is not None:
         cutoff = now - dialog_ttl_days * 86400
         memory = expire_memory(data_dir, db, cutoff)
         files, summaries, sessions = expire_archive(data_dir, db, cutoff)
-    report = GcReport(deleted, files, memory, summaries, sessions, usage.measure())
+        if db is not None:
+            ledger = SqliteLedger(db).expire(cutoff)
+    report = GcReport(deleted, files, memory, summaries, sessions, usage.measure(), ledger)
     if report.expired:
-        log.info("gc expired %d dialog files, %d summaries, %d sessions, %d memory files",
-                 files, summaries, sessions, memory)
+        log.info("gc expired %d dialog files, %d summaries, %d sessions, %d memory files, "
+                 "%d ledger entries", files, summaries, sessions, memory, ledger)
     return report
 
 

@@ -88,8 +88,8 @@ def message_usage(usage: Usage, *, output_tokens: int | None = None) -> dict[str
         "cache_creation_input_tokens": usage.cache_write,
         "cache_read_input_tokens": usage.cached,
         "cache_creation": {
-            "ephemeral_5m_input_tokens": usage.cache_write,
-            "ephemeral_1h_input_tokens": 0,
+            "ephemeral_5m_input_tokens": usage.cache_write - usage.cache_write_1h,
+            "ephemeral_1h_input_tokens": usage.cache_write_1h,
         },
         "output_tokens": usage.output if output_tokens is None else output_tokens,
         "service_tier": "standard",

@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from .prompt_cache import Prompt
+
 __all__ = [
     "CREATED",
     "DONE",
@@ -132,8 +134,10 @@ class Reply:
     without terminating the chunked body; non-streaming (or raw ``body``) -- any value
     sends the headers and half the body, then drops the connection.
     ``usage``: default is computed (prompt ~ request bytes // 4, completion ~ output
-    chars // 4, reasoning included). Chat sends it verbatim; the other formats read its counts
-    from any of the three shapes (see :func:`.fake_wire.usage_of`) and estimate the rest.
+    chars // 4, reasoning included; with the fake's ``prompt_cache`` on, the prompt and its
+    cached part as the provider's prompt cache would bill them, :mod:`.prompt_cache`). Chat
+    sends it verbatim; the other formats read its counts from any of the three shapes (see
+    :func:`.fake_wire.usage_of`) and estimate the rest.
     ``finish_reason``: chat's vocabulary, default "tool_calls" if tool_calls else "stop";
     "length" / "content_filter" make a Responses answer ``incomplete`` and become Anthropic's
     "max_tokens" / "refusal" (any other Anthropic stop_reason passes verbatim).
@@ -189,7 +193,8 @@ class Received:
     semantics); ``raw_headers`` keeps them all, in order. ``query``: raw query string
     (no "?"). ``raw_path``: the path before percent-decoding. ``at``: ``time.monotonic()``
     on arrival. ``reply``: the Reply chosen (model requests only: chat completions, responses,
-    messages).
+    messages). ``prompt``: what the fake's prompt cache billed of it (``prompt_cache`` on, and
+    the reply's usage not scripted), which the answer's default usage reports.
     """
 
     method: str
@@ -201,6 +206,7 @@ class Received:
     at: float
     reply: Reply | None = None
     raw_path: str = ""  # the path as sent, still percent-encoded
+    prompt: Prompt | None = None
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -240,17 +246,22 @@ def reply_tool_calls(reply: Reply, seq: int) -> list[tuple[str, str, str]]:
 
 
 def reply_usage(rec: Received, reply: Reply, calls: list[tuple[str, str, str]]) -> dict[str, Any]:
-    """``reply.usage``, or estimated from the request and output sizes."""
+    """``reply.usage``, or estimated from the request and output sizes (with the cached
+    prompt in ``prompt_tokens_details`` when the prompt cache billed it: ``rec.prompt``)."""
     if reply.usage is not None:
         return reply.usage
-    prompt = max(1, len(rec.body) // 4)
+    prompt = max(1, len(rec.body) // 4) if rec.prompt is None else rec.prompt.tokens
     out_chars = len(reply.content or "") + sum(len(n) + len(a) for _, n, a in calls)
     completion = max(1, out_chars // 4)
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if rec.prompt is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": rec.prompt.read, "audio_tokens": 0}
+        usage["completion_tokens_details"] = {"reasoning_tokens": 0, "audio_tokens": 0}
+    return usage
 
 
 def completion_body(rec: Received, req: dict[str, Any], reply: Reply, seq: int) -> dict[str, Any]:

@@ -22,6 +22,14 @@ Anthropic's 400 (before any SSE event on a streaming request), counted in ``refu
 (``dropped``) and the answer lists them in ``input_transformations``. Its answers' thinking blocks carry signatures
 bound to the request as received.
 
+Prompt caching: ``FakeUpstream(prompt_cache=True)`` (or the attribute; ``--prompt-cache``
+standalone) reports every model request's usage, where its reply scripts none, as the
+provider would bill it under prompt caching (:mod:`.prompt_cache`): Anthropic's explicit
+``cache_control`` caching (reads, and writes split 5m / 1h) and OpenAI's automatic one (prompts
+of 1024+ tokens, reads in 128-token steps), per API key and model, expiring after 5 minutes
+unused (1 hour with a ``"ttl": "1h"`` marker) on ``fake.clock`` (``time.monotonic``; a test
+moves it on). Each request's share is in ``received[i].prompt``.
+
 Threading: the app runs on the server's loop/thread while tests read ``received`` etc.
 from theirs; only appends/atomic deque ops cross threads, so no locks are needed.
 Serve one FakeUpstream from one server (loop) at a time.
@@ -82,6 +90,7 @@ from .prefix_check import (
     beta_enabled,
     block_binding_of,
 )
+from .prompt_cache import PromptCache, cache_key
 
 __all__ = [
     "CHAT_PATHS",
@@ -149,12 +158,20 @@ class FakeUpstream:
         embedding_dim: int = 8,
         record: bool = True,
         prefix_check: bool = False,
+        prompt_cache: bool = False,
     ) -> None:
         self._initial = (
             dataclasses.replace(default) if default is not None else Reply(),
             responder,
             prefix_check,
+            prompt_cache,
         )
+        #: report usage as under the provider's prompt cache (see the module docstring)
+        self.prompt_cache = prompt_cache
+        #: the prompts cached so far, per (credential, model)
+        self.cache = PromptCache()
+        #: the prompt cache's time (seconds); a test replaces it to make entries expire
+        self.clock: Callable[[], float] = time.monotonic
         #: check thinking blocks' prefixes on Messages requests (see the module docstring)
         self.prefix_check = prefix_check
         #: the signatures the prefix check issued, and the checker
@@ -217,6 +234,9 @@ class FakeUpstream:
         self.default = dataclasses.replace(self._initial[0])
         self.responder = self._initial[1]
         self.prefix_check = self._initial[2]
+        self.prompt_cache = self._initial[3]
+        self.cache.clear()
+        self.clock = time.monotonic
 
     def wait_for(
         self,
@@ -385,6 +405,10 @@ class FakeUpstream:
             signature = self.binder.sign(req, reply.reasoning)
             reply = dataclasses.replace(reply, reasoning_signature=signature)
         rec.reply = reply
+        if self.prompt_cache and reply.usage is None and reply.body is None and reply.status < 400:
+            # Only a prompt the model reads is cached; an error or a raw body reports no usage.
+            key = cache_key(rec.headers, req.get("model"))
+            rec.prompt = self.cache.account(fmt.name, key, req, self.clock())
         self._seq += 1
         seq = self._seq
         stream = req.get("stream") is True
@@ -528,6 +552,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--prefix-check", action="store_true", help="refuse thinking blocks whose prefix changed"
     )
+    p.add_argument(
+        "--prompt-cache", action="store_true",
+        help="report usage as under the provider's prompt cache",
+    )
     p.add_argument("--loop", default="auto", help="uvicorn loop: auto|uvloop|asyncio")
     p.add_argument("--http", default="auto", help="uvicorn http: auto|httptools|h11")
     args = p.parse_args(argv)
@@ -538,7 +566,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         chunk_delay_s=args.chunk_delay,
         stream_pieces=args.stream_pieces,
     )
-    fake = FakeUpstream(default=default, record=args.record, prefix_check=args.prefix_check)
+    fake = FakeUpstream(default=default, record=args.record, prefix_check=args.prefix_check,
+                        prompt_cache=args.prompt_cache)
     sock = bind_socket(args.host, args.port)
     config = uvicorn.Config(
         fake, log_level="warning", access_log=False, lifespan="on", loop=args.loop, http=args.http

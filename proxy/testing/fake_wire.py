@@ -160,6 +160,7 @@ class Usage:
     output: int
     cached: int = 0
     cache_write: int = 0
+    cache_write_1h: int = 0  # of cache_write, written with the 1-hour TTL (Anthropic)
     reasoning: int = 0
     total: int | None = None  # None: input + output
     extra: dict[str, Any] = field(default_factory=dict)  # unrecognised keys, sent as given
@@ -180,9 +181,15 @@ def _count(*sources: tuple[dict[str, Any], str]) -> int | None:
 def usage_of(rec: Received, reply: Reply, calls: list[ToolCall]) -> Usage:
     """``reply.usage`` read in any of the three shapes (chat's ``prompt_tokens``, Responses'
     ``input_tokens`` + ``*_details``, Anthropic's ``cache_*_input_tokens``; the flat names
-    ``cached_tokens`` / ``reasoning_tokens`` too), counts it lacks estimated as for chat."""
+    ``cached_tokens`` / ``reasoning_tokens`` too), counts it lacks estimated as for chat; not
+    scripted, the prompt as the prompt cache billed it when it did (``rec.prompt``)."""
     out_chars = len(reply.content or "") + len(reply.reasoning or "")
     out_chars += sum(len(c.name) + len(c.arguments) for c in calls)
+    if reply.usage is None and rec.prompt is not None:
+        p = rec.prompt
+        return Usage(input=p.tokens, output=max(1, out_chars // 4), cached=p.read,
+                     cache_write=p.write, cache_write_1h=p.write_1h,
+                     reasoning=len(reply.reasoning or "") // 4)
     u = reply.usage or {}
     ind = u.get("input_tokens_details") or u.get("prompt_tokens_details") or {}
     outd = u.get("output_tokens_details") or u.get("completion_tokens_details") or {}
@@ -198,11 +205,14 @@ def usage_of(rec: Received, reply: Reply, calls: list[ToolCall]) -> Usage:
         # Anthropic-shaped: its input_tokens leaves the cached prompt out.
         inp += (cached or 0) + (write or 0)
     out = _count((u, "output_tokens"), (u, "completion_tokens"))
+    creation = u.get("cache_creation")
+    hour = creation.get("ephemeral_1h_input_tokens") if isinstance(creation, dict) else None
     return Usage(
         input=inp,
         output=out if out is not None else max(1, out_chars // 4),
         cached=cached or 0,
         cache_write=write or 0,
+        cache_write_1h=min(hour, write or 0) if isinstance(hour, int) else 0,
         reasoning=reasoning if reasoning is not None else len(reply.reasoning or "") // 4,
         total=_count((u, "total_tokens")),
         extra={k: v for k, v in u.items() if k not in _KNOWN_USAGE},

@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
@@ -228,11 +228,17 @@ class LitellmRouter:
         kwargs.setdefault("drop_params", True)
         return kwargs
 
-    async def complete(self, params: Mapping[str, Any], body: dict[str, Any]) -> LitellmAnswer:
+    async def complete(
+        self, params: Mapping[str, Any], body: dict[str, Any], *,
+        on_usage: Callable[[Any], None] | None = None,
+    ) -> LitellmAnswer:
         """Run one chat completion through litellm; raise ProxyError subclasses on failure.
 
         A streaming call's first chunk is awaited here, so errors the provider reports before
         any output still become an HTTP error status rather than a 200 with an error event.
+        ``on_usage`` is told the answer's usage (the provider billed it) when the stream has
+        ended, whether or not the client asked for a usage chunk (a whole answer carries it in
+        its body).
         """
         litellm = await self._load()
         kwargs = self._kwargs(params, body)
@@ -240,6 +246,14 @@ class LitellmRouter:
         client_model = requested if isinstance(requested, str) and requested else None
         secrets = _secrets(params)
         stream: bool = kwargs["stream"]
+        options = kwargs.get("stream_options")
+        # What the client asked to see; not what litellm is asked for.
+        include_usage = isinstance(options, Mapping) and options.get("include_usage") is True
+        if stream and on_usage is not None and not include_usage:
+            # litellm hands a stream's usage over only when asked, and the provider bills the
+            # call either way: asked for here, kept from the client by _sse.
+            given = options if isinstance(options, Mapping) else {}
+            kwargs["stream_options"] = {**given, "include_usage": True}
         try:
             response = await litellm.acompletion(**kwargs)
         except ProxyError:
@@ -251,10 +265,10 @@ class LitellmRouter:
             _fix_choices(data, stream=False)
             if client_model is not None:
                 data["model"] = client_model
+            if on_usage is not None and data.get("usage") is not None:
+                on_usage(data["usage"])
             return LitellmAnswer(body=orjson.dumps(data))
 
-        options = kwargs.get("stream_options")
-        include_usage = isinstance(options, Mapping) and options.get("include_usage") is True
         iterator = response.__aiter__()
         try:
             first = await iterator.__anext__()
@@ -266,7 +280,8 @@ class LitellmRouter:
                 raise self._error(exc, secrets) from exc
             raise
         return LitellmAnswer(
-            chunks=self._sse(response, iterator, first, client_model, include_usage, secrets)
+            chunks=self._sse(response, iterator, first, client_model, include_usage, secrets,
+                             on_usage)
         )
 
     async def _sse(
@@ -277,6 +292,7 @@ class LitellmRouter:
         client_model: str | None,
         include_usage: bool,
         secrets: Sequence[str],
+        on_usage: Callable[[Any], None] | None = None,
     ) -> AsyncIterator[bytes]:
         # Exactly one usage chunk (choices: []) goes out, last, and only when asked for:
         # litellm's own usage chunk is held back until the stream ends, and usage riding on
@@ -314,6 +330,10 @@ class LitellmRouter:
             return
         finally:
             await _aclose(response)
+        if on_usage is not None:
+            billed = usage_chunk["usage"] if usage_chunk is not None else last_usage
+            if billed is not None:
+                on_usage(billed)
         if include_usage:
             if usage_chunk is None and last_usage is not None and last_chunk is not None:
                 usage_chunk = {

@@ -1,6 +1,6 @@
 """The PostgreSQL backend (``storage.url: postgresql://...``): every kind of state in one
 database that many ``ctxproxy serve`` replicas share. One module per kind (``originals``,
-``dialog``, ``summaries``, ``sessions``, ``memory``, ``rounds``), the schema and its migrations in
+``dialog``, ``summaries``, ``sessions``, ``memory``, ``rounds``, ``ledger``), the schema and its migrations in
 ``schema``, the connection pool and its fault handling in ``pool``. Nothing is kept on local disk; what a
 replica holds in memory is only a cache.
 """
@@ -20,6 +20,7 @@ from ..gc import GcReport
 from ..interfaces import FileKind, MemoryStore
 from ..usage import DiskUsage
 from .dialog import PgDialog
+from .ledger import PgLedger
 from .memory import PgMemory
 from .originals import PgOriginals
 from .pool import PgPool
@@ -115,6 +116,7 @@ class PostgresBackend:
         self.memory: MemoryStore | None = self.pg_memory
         self.sessions = PgSessions(self.pool)
         self.rounds = PgRounds(self.pool)
+        self.ledger = PgLedger(self.pool)
         self.files = PgFiles(self.dialog, self.originals, self.summaries, self.sessions)
 
     @property
@@ -122,6 +124,7 @@ class PostgresBackend:
         return self.pool.failures
 
     def tenant_sizes(self) -> dict[str, int]:
+        # The ledger is not counted, as in the files backend (proxy.store.ledger says why).
         with self.pool.connection() as conn:
             rows = conn.execute(
                 """SELECT tenant, sum(n)::bigint FROM (
@@ -142,8 +145,9 @@ class PostgresBackend:
                 now: float | None = None) -> GcReport:
         """Expiry as the files backend does it (:mod:`proxy.store.gc`), in SQL: originals past
         their TTL; with ``dialog_ttl_days``, archive files last written before the cutoff (with
-        their index rows), summaries created before it, sessions not seen since, and long-term
-        memory as :func:`proxy.store.memory.expire_memory` does."""
+        their index rows), summaries created before it, sessions not seen since, ledger entries
+        recorded before it (their sessions' totals recomputed), and long-term memory as
+        :func:`proxy.store.memory.expire_memory` does."""
         moment = time.time() if now is None else now
         deleted = self.originals.gc(moment)
         files = summaries = sessions = memory = 0
@@ -165,13 +169,16 @@ class PostgresBackend:
                     sessions = conn.execute("DELETE FROM sessions WHERE last_seen < %s",
                                             (cutoff,)).rowcount
                     conn.execute("DELETE FROM rounds WHERE created_at < %s", (cutoff,))
+        ledger = 0
         if cutoff is not None:
             memory = self.pg_memory.expire(cutoff)
+            ledger = self.ledger.expire(cutoff.timestamp())
         report = GcReport(tool_results=deleted, dialog_files=files, memory_files=memory,
-                          summaries=summaries, sessions=sessions, usage=usage.measure())
+                          summaries=summaries, sessions=sessions, usage=usage.measure(),
+                          ledger_entries=ledger)
         if report.expired:
-            log.info("gc expired %d dialog files, %d summaries, %d sessions, %d memory files",
-                     files, summaries, sessions, memory)
+            log.info("gc expired %d dialog files, %d summaries, %d sessions, %d memory files, "
+                     "%d ledger entries", files, summaries, sessions, memory, ledger)
         return report
 
     def ready(self) -> bool:

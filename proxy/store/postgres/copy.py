@@ -7,7 +7,9 @@ again: rows that exist are left alone (``ON CONFLICT DO NOTHING``), files whose 
 database already holds are skipped. Long-term memory comes too: every scope's row, versions and
 pins from SQLite, its daily notes from ``<tenant>/memory/<scope>/memory/`` (a day the database
 already has is left alone; the ``MEMORY.md`` files are copies of the versions). So do the read
-rounds kept per answer, their bytes as they are.
+rounds kept per answer, their bytes as they are, and the cost ledger's entries, in the order
+they were recorded, through :meth:`PgLedger.insert` (an entry the database has is left alone,
+and the totals grow by exactly what was copied).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ...ledger.entry import decode_entry
 from .. import fs
 from ..db import Database, parse_ts
 from ..paths import DIALOG_DIR, MEMORY_DAYS_DIR, MEMORY_DIR, TOOL_RESULT_DIR, db_path
 from ..summaries import SummaryStore
 from . import PgPool
+from .ledger import PgLedger
 from .summaries import _COLUMNS as _SUMMARY_COLUMNS
 from .summaries import _MARKS as _SUMMARY_MARKS
 from .summaries import _row as _summary_row
@@ -41,6 +45,7 @@ class CopyReport:
     memory_days: int = 0
     memory_versions: int = 0
     rounds: int = 0
+    ledger: int = 0
 
 
 def copy_data_dir(data_dir: Path, pool: PgPool) -> CopyReport:
@@ -58,6 +63,7 @@ def copy_data_dir(data_dir: Path, pool: PgPool) -> CopyReport:
             _copy_rows(db, pool, report)
             _copy_memory_rows(db, pool, report)
             _copy_rounds(db, pool, report)
+            _copy_ledger(db, pool, report)
     finally:
         if db is not None:
             db.close()
@@ -187,3 +193,11 @@ def _copy_rounds(db: Database, pool: PgPool, report: CopyReport) -> None:
                 """INSERT INTO rounds (tenant, session, answer_key, body, created_at)
                    VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
                 (t, s, answer_key, bytes(body), parse_ts(created))).rowcount
+
+
+def _copy_ledger(db: Database, pool: PgPool, report: CopyReport, batch: int = 500) -> None:
+    store = PgLedger(pool)
+    with db.connect() as src:
+        rows = src.execute("SELECT body FROM ledger ORDER BY rowid")
+        while chunk := rows.fetchmany(batch):
+            report.ledger += store.insert([decode_entry(bytes(r[0])) for r in chunk])

@@ -29,6 +29,10 @@ Tables, one per kind (the module that owns it in brackets; the version that adde
                    of the session (its requests then go with drop_block)        [sessions]
   -- version 4
   rounds           the proxy's read rounds of an answer, replayed later          [rounds]
+  -- version 5
+  ledger           the cost ledger: one row per billed call                     [ledger]
+  ledger_sessions  its totals per session, kept in step with the rows           [ledger]
+  ledger_breaks    its cache breaks per session and reason                      [ledger]
 """
 
 from __future__ import annotations
@@ -192,6 +196,82 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (tenant, session, answer_key)
         )""",
         "CREATE INDEX rounds_by_time ON rounds (created_at)",
+    ),
+    (  # 5: the cost ledger (issue 21); seq is the insertion order, which breaks ties of ts
+        """CREATE TABLE ledger (
+            tenant                TEXT NOT NULL,
+            session               TEXT NOT NULL,
+            id                    TEXT NOT NULL,
+            seq                   BIGINT GENERATED ALWAYS AS IDENTITY,
+            request               TEXT NOT NULL,
+            ts                    DOUBLE PRECISION NOT NULL,
+            kind                  TEXT NOT NULL,
+            api                   TEXT NOT NULL,
+            model                 TEXT NOT NULL,
+            status                INTEGER NOT NULL,
+            tokens_sent           BIGINT NOT NULL,
+            tokens_forwarded      BIGINT NOT NULL,
+            input                 BIGINT NOT NULL,
+            cache_read            BIGINT NOT NULL,
+            cache_write_5m        BIGINT NOT NULL,
+            cache_write_1h        BIGINT NOT NULL,
+            output                BIGINT NOT NULL,
+            reasoning             BIGINT NOT NULL,
+            iterations            BIGINT NOT NULL,
+            estimated             BOOLEAN NOT NULL,
+            cost                  DOUBLE PRECISION,
+            direct_input          BIGINT NOT NULL,
+            direct_cache_read     BIGINT NOT NULL,
+            direct_cache_write_5m BIGINT NOT NULL,
+            direct_cache_write_1h BIGINT NOT NULL,
+            direct_output         BIGINT NOT NULL,
+            direct_reasoning      BIGINT NOT NULL,
+            direct_iterations     BIGINT NOT NULL,
+            direct_cost           DOUBLE PRECISION,
+            cache_reason          TEXT,
+            body                  BYTEA NOT NULL,
+            PRIMARY KEY (tenant, session, id)
+        )""",
+        "CREATE INDEX ledger_by_session_time ON ledger (tenant, session, ts, seq)",
+        "CREATE INDEX ledger_by_time ON ledger (ts)",
+        """CREATE TABLE ledger_sessions (
+            tenant                TEXT NOT NULL,
+            session               TEXT NOT NULL,
+            requests              BIGINT NOT NULL,
+            calls                 BIGINT NOT NULL,
+            estimated             BIGINT NOT NULL,
+            tokens_sent           BIGINT NOT NULL,
+            tokens_forwarded      BIGINT NOT NULL,
+            input                 BIGINT NOT NULL,
+            cache_read            BIGINT NOT NULL,
+            cache_write_5m        BIGINT NOT NULL,
+            cache_write_1h        BIGINT NOT NULL,
+            output                BIGINT NOT NULL,
+            reasoning             BIGINT NOT NULL,
+            iterations            BIGINT NOT NULL,
+            direct_input          BIGINT NOT NULL,
+            direct_cache_read     BIGINT NOT NULL,
+            direct_cache_write_5m BIGINT NOT NULL,
+            direct_cache_write_1h BIGINT NOT NULL,
+            direct_output         BIGINT NOT NULL,
+            direct_reasoning      BIGINT NOT NULL,
+            direct_iterations     BIGINT NOT NULL,
+            cost                  DOUBLE PRECISION NOT NULL,
+            direct_cost           DOUBLE PRECISION NOT NULL,
+            unpriced              BIGINT NOT NULL,
+            first_ts              DOUBLE PRECISION NOT NULL,
+            last_ts               DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (tenant, session)
+        )""",
+        "CREATE INDEX ledger_sessions_by_time ON ledger_sessions (tenant, last_ts)",
+        "CREATE INDEX ledger_sessions_by_time_all ON ledger_sessions (last_ts)",
+        """CREATE TABLE ledger_breaks (
+            tenant  TEXT NOT NULL,
+            session TEXT NOT NULL,
+            reason  TEXT NOT NULL,
+            n       BIGINT NOT NULL,
+            PRIMARY KEY (tenant, session, reason)
+        )""",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
