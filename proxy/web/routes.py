@@ -125,7 +125,8 @@ def _gone() -> NotFound:
 
 
 def _ledger(rt: Services) -> LedgerStore | None:
-    """The cost ledger, when the backend keeps one (a backend from before it has none)."""
+    """The cost ledger; None when the backend has none (its index could not be opened, or a
+    backend that predates the ledger): the pages are then shown without their ledger parts."""
     ledger: LedgerStore | None = getattr(rt.store, "ledger", None)
     return ledger
 
