@@ -154,8 +154,13 @@ def dash_entries(tool: str, excerpt: str, notice: str, original: bytes, forwarde
                     gap_s=60.0, compacted=True),
         LedgerEntry(TENANT_A, "dash-1", hex_id("a", 6), hex_id("a", 6), base + 500,
                     "memory_fold", "chat", "tiny", estimate=Usage(input=800, output=100)),
+        # Calls made for no request in particular (``request`` empty).
+        LedgerEntry(TENANT_A, "dash-1", hex_id("a", 7), "", base + 510, "summarizer", "chat",
+                    "tiny", usage=Usage(input=700, output=70), cost=0.0007),
+        LedgerEntry(TENANT_A, "dash-1", hex_id("a", 8), "", base + 520, "memory_fold", "chat",
+                    "tiny", usage=Usage(input=800, output=80), cost=0.0008),
     ]
-    labels = ["first", "summarizer", "round", "ttl", "dearer", "fold"]
+    labels = ["first", "summarizer", "round", "ttl", "dearer", "fold", "lone", "lone-fold"]
     return dict(zip(labels, entries, strict=True))
 
 
@@ -229,7 +234,7 @@ def test_session_json_has_the_ledger_next_to_every_old_field(dash: Dash) -> None
     want = expected_totals(dash, TENANT_A, "dash-1")
     assert ledger["totals"] == orjson.loads(orjson.dumps(ledger_view.totals_json(want)))
     totals = ledger["totals"]
-    assert totals["calls"] >= 6 and totals["requests"] >= 3
+    assert totals["calls"] >= 8 and totals["requests"] >= 3
     assert totals["estimated"] >= 1 and totals["unpriced"] >= 1  # the memory fold
     assert totals["breaks"]["ttl"] >= 1 and totals["breaks"]["client"] >= 1
     assert totals["saved"] == pytest.approx(totals["direct_cost"] - totals["cost"])
@@ -399,6 +404,10 @@ def test_a_further_call_links_its_request(dash: Dash) -> None:
     assert f'part of <a href="{dash.request_path("first")}">' in page
     fold = dash.get(dash.request_path("fold"), {**bearer(KEY_A), **HTML}).text
     assert "the proxy&#39;s estimate" in fold and "(no price for this model)" in fold
+    # A call made for no request in particular links none and lists no others.
+    lone = dash.get(dash.request_path("lone"), {**bearer(KEY_A), **JSON}).json()
+    assert lone["entry"]["kind"] == "summarizer" and lone["entry"]["request"] == ""
+    assert lone["request_url"] is None and lone["calls"] == []
 
 
 def test_a_request_of_another_tenant_or_session_is_not_found_like_nothing(dash: Dash) -> None:
