@@ -80,6 +80,10 @@ class Conversation:
         # litellm routes translate chat completions only; other formats go to the upstream.
         params = svc.router.match(parsed.model) if fmt is CHAT else None
         upstream, forwarder = svc.upstream_of(fmt.name)
+        span = svc.telemetry.request(fmt.name, parsed.model, identity, stream=parsed.stream,
+                                     headers=scope["headers"], base_url=upstream.base_url,
+                                     route=params)
+        send = span.watch(send)
         # The provider judges the key only when it is the client's own and goes upstream.
         judges = not caller.gated and params is None and upstream.config.api_key is None
         writes = svc.writes.for_request(
@@ -99,6 +103,7 @@ class Conversation:
         result = await svc.pipeline.run(view)
         timing_of(scope).pipeline_ms = result.elapsed_ms
         _count(svc.metrics, result.stats)
+        span.set_pipeline(result)
         forwarded = result.messages if result.changed else parsed.history
         reader = svc.readers.get(fmt.name)
         # The read tool is offered from an agent's first request on (a client that declares
@@ -160,12 +165,19 @@ class Conversation:
                 binding=binding,
             )
         disconnected = False
+        failure: BaseException | None = None
         try:
             disconnected = await run_until_disconnect(receive, work)
             if disconnected:
                 log.info("client disconnected; upstream call cancelled (session %s)",
                          identity.session)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
+            span.end(error=failure, disconnected=disconnected, rounds=rounds.rounds)
+            # No ledger figures to wait for: the span is exported now.
+            span.close()
             writes.finish(disconnected=disconnected)
             if not rounds.replayable and not parsed.continued:
                 svc.replays.answered(identity, fmt.name, parsed.history, tap.answer())
