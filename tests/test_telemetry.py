@@ -26,9 +26,15 @@ from proxy.config import Config, TelemetryConfig, config_from_mapping
 from proxy.errors import ConfigError
 from proxy.ledger.entry import LedgerEntry
 from proxy.ledger.usage import Usage
+from proxy.pipeline.model import RequestView, StageOutcome
 from proxy.session import Identity
 from proxy.telemetry import NULL_SPAN, NullTelemetry, installation_problem, open_telemetry
-from proxy.telemetry.attributes import provider_of, server_of, usage_attributes
+from proxy.telemetry.attributes import (
+    pipeline_attributes,
+    provider_of,
+    server_of,
+    usage_attributes,
+)
 from proxy.telemetry.otel import OtelTelemetry
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.otlp import KIND_CLIENT, KIND_INTERNAL, STATUS_ERROR, Collected, OtlpCollector
@@ -103,12 +109,9 @@ async def test_chat_span_carries_the_pipelines_figures(
     assert a["ctxproxy.read_rounds"] == 0
     assert a["http.response.status_code"] == 200
     assert span.resource["service.name"] == "ctxproxy" and span.scope == "ctxproxy"
-    # The pipeline's run is a child span inside the request's.
-    pipe = one(col, "ctxproxy.pipeline")
-    assert pipe.kind == KIND_INTERNAL
-    assert (pipe.trace_id, pipe.parent_span_id) == (span.trace_id, span.span_id)
-    assert span.start_ns <= pipe.start_ns <= pipe.end_ns <= span.end_ns
-    assert pipe.attributes["ctxproxy.pipeline.changed"] is False
+    # A pipeline that changed nothing has its time on the span, and no child span.
+    assert 0 < a["ctxproxy.pipeline.duration_s"] < (span.end_ns - span.start_ns) / 1e9
+    assert col.named("ctxproxy.pipeline") == [] and len(col.spans) == 1
     # The collector's auth header arrives; no client key and no message content leaves.
     assert col.exports and all(e["authorization"] == SECRET for e in col.exports)
     sent = repr([(s.attributes, s.resource) for s in col.spans])
@@ -135,7 +138,36 @@ async def test_offloads_show_on_the_span(
     assert a["ctxproxy.tokens.sent"] == int(r.headers["x-ctxproxy-tokens-in"])
     assert a["ctxproxy.tokens.forwarded"] == int(r.headers["x-ctxproxy-tokens-out"])
     assert a["ctxproxy.tokens.forwarded"] < a["ctxproxy.tokens.sent"]
-    assert one(col, "ctxproxy.pipeline").attributes["ctxproxy.pipeline.changed"] is True
+    # The pipeline changed the request: its run is a child span inside the request's.
+    span, pipe = one(col, "chat gpt-4o"), one(col, "ctxproxy.pipeline")
+    assert pipe.kind == KIND_INTERNAL
+    assert (pipe.trace_id, pipe.parent_span_id) == (span.trace_id, span.span_id)
+    assert span.start_ns <= pipe.start_ns <= pipe.end_ns <= span.end_ns
+    assert pipe.end_ns - pipe.start_ns == pytest.approx(
+        a["ctxproxy.pipeline.duration_s"] * 1e9, abs=1000)
+    assert pipe.attributes["ctxproxy.pipeline.changed"] is True
+    assert "ctxproxy.pipeline.failed" not in pipe.attributes
+
+
+class _Boom:
+    name = "boom"
+
+    def __call__(self, messages: list[dict[str, Any]], request: RequestView) -> StageOutcome:
+        raise OSError("disk full")
+
+
+async def test_a_failed_stage_is_named_on_the_pipeline_span(
+    make_inproc: InProcessFactory, collector: tuple[OtlpCollector, ServerThread],
+) -> None:
+    col, srv = collector
+    proxy = await make_inproc(traced(srv), stages=[_Boom()])
+    r = await proxy.client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200
+    await proxy.drain()
+    pipe = one(col, "ctxproxy.pipeline")
+    assert pipe.attributes["ctxproxy.pipeline.failed"] == ["boom"]
+    assert pipe.attributes["ctxproxy.pipeline.changed"] is False
+    assert pipe.parent_span_id == one(col, "chat gpt-4o").span_id
 
 
 async def test_responses_span(
@@ -495,6 +527,20 @@ def test_provider_names() -> None:
     assert provider_of("chat", {"model": "bedrock/anthropic.claude"}) == "aws.bedrock"
     assert provider_of("chat", {"model": "ollama/llama3"}) == "ollama"
     assert provider_of("chat", {"model": "gpt-4o"}) == "openai"
+
+
+def test_pipeline_attributes_of_a_compaction() -> None:
+    a = pipeline_attributes({"tokens_in": 90_000, "tokens_out": 30_000, "offloaded": 2,
+                             "compacted": 1, "compactions": 1}, 12.5)
+    assert a == {"ctxproxy.pipeline.duration_s": 0.0125, "ctxproxy.tokens.sent": 90_000,
+                 "ctxproxy.tokens.forwarded": 30_000, "ctxproxy.offloaded": 2,
+                 "ctxproxy.compacted": True, "ctxproxy.compaction": True,
+                 "gen_ai.conversation.compacted": True}
+    # A summary reused (no new one); the conventions' flag is never sent false.
+    a = pipeline_attributes({"compacted": 1}, 1.0)
+    assert a["ctxproxy.compacted"] is True and a["ctxproxy.compaction"] is False
+    assert "ctxproxy.tokens.sent" not in pipeline_attributes({}, 1.0)
+    assert "gen_ai.conversation.compacted" not in pipeline_attributes({}, 1.0)
 
 
 def test_server_of() -> None:

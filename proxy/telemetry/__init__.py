@@ -3,7 +3,7 @@
     telemetry = open_telemetry(config.telemetry)     # the lifespan; Services.telemetry
     span = telemetry.request(api, model, identity, stream=..., headers=..., base_url=...)
     send = span.watch(send)                          # the response's status, as sent
-    span.set_pipeline(result)                        # after the pipeline: its figures, a child span
+    span.set_pipeline(result)                        # after the pipeline: its figures
     span.end(error=..., disconnected=..., rounds=...)  # the response ended: its time is kept
     span.ledger(entry)  or  span.close()             # the span is finished and exported
 
@@ -54,7 +54,8 @@ class RequestSpan(Protocol):
         ...
 
     def set_pipeline(self, result: PipelineResult) -> None:
-        """The pipeline's figures, and its run as a child span (``ctxproxy.pipeline``)."""
+        """The pipeline's figures and time, and its run as a child span (``ctxproxy.pipeline``)
+        when it changed the request or a stage failed."""
         ...
 
     def end(

@@ -100,9 +100,9 @@ def request_attributes(
     return attrs
 
 
-def pipeline_attributes(stats: Mapping[str, int]) -> Attributes:
-    """The pipeline's figures (the ones the x-ctxproxy-* headers carry, and more)."""
-    attrs: Attributes = {}
+def pipeline_attributes(stats: Mapping[str, int], elapsed_ms: float) -> Attributes:
+    """The pipeline's figures (the ones the x-ctxproxy-* headers carry, and its time)."""
+    attrs: Attributes = {"ctxproxy.pipeline.duration_s": elapsed_ms / 1000}
     if "tokens_in" in stats:
         attrs["ctxproxy.tokens.sent"] = int(stats["tokens_in"])
     if "tokens_out" in stats:

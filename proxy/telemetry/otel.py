@@ -134,7 +134,11 @@ class OtelSpan:
 
     @_guarded
     def set_pipeline(self, result: PipelineResult) -> None:
-        self._span.set_attributes(pipeline_attributes(result.stats))
+        self._span.set_attributes(pipeline_attributes(result.stats, result.elapsed_ms))
+        if not (result.changed or result.failed):
+            # A child span costs as much as the request's own (made, encoded, sent): only a
+            # pipeline that did something gets one; the duration is on the request's span.
+            return
         # The pipeline has just returned: its child span is placed by its own elapsed time.
         end = time.time_ns()
         child = self.owner.tracer.start_span(
