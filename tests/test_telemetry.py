@@ -387,6 +387,29 @@ def test_close_finishes_without_ledger_figures(
     assert "gen_ai.usage.input_tokens" not in got.attributes
 
 
+async def test_a_failure_while_ending_still_finishes_the_span_once(
+    collector: tuple[OtlpCollector, ServerThread], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import proxy.telemetry.otel as module
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("telemetry bug")
+
+    monkeypatch.setattr(module, "end_attributes", broken)
+    monkeypatch.setattr(module, "ledger_attributes", broken)
+    col, srv = collector
+    telemetry = OtelTelemetry(TelemetryConfig(enabled=True, endpoint=srv.url + "/v1/traces"))
+    by_ledger, waiting = _request(telemetry), _request(telemetry)
+    by_ledger.end()
+    waiting.end()  # nothing calls back: shutdown finishes it
+    by_ledger.ledger(_entry(usage=Usage(input=1)))
+    assert telemetry.flush() and len(col.spans) == 1
+    await telemetry.close()
+    spans = col.named("chat gpt-4o")
+    assert len(spans) == 2 and telemetry.failures.count == 3
+    assert all("ctxproxy.read_rounds" not in s.attributes for s in spans)
+
+
 async def test_spans_still_waiting_are_finished_at_shutdown(
     collector: tuple[OtlpCollector, ServerThread],
 ) -> None:

@@ -155,19 +155,24 @@ class OtelSpan:
         self, *, error: BaseException | None = None, disconnected: bool = False,
         rounds: int = 0, end_time_ns: int | None = None,
     ) -> None:
-        with self._lock:
-            if self._end_ns is not None or self._finished:
-                return
-            self._end_ns = end_time_ns if end_time_ns is not None else time.time_ns()
-            attrs, error_type = end_attributes(self._status, error, disconnected, rounds)
-            self._span.set_attributes(attrs)
-            if error_type is not None:
-                self._span.set_status(Status(StatusCode.ERROR, error_type))
-            waits = not self._finish_at_end
-            if not waits:
-                self._finish()
-        if waits:  # outside the span's lock: the service may close older spans meanwhile
-            self.owner.wait(self)
+        waits = False
+        try:
+            with self._lock:
+                if self._end_ns is not None or self._finished:
+                    return
+                self._end_ns = end_time_ns if end_time_ns is not None else time.time_ns()
+                waits = not self._finish_at_end
+                try:
+                    attrs, error_type = end_attributes(self._status, error, disconnected, rounds)
+                    self._span.set_attributes(attrs)
+                    if error_type is not None:
+                        self._span.set_status(Status(StatusCode.ERROR, error_type))
+                finally:  # whatever failed above, the span is still finished once
+                    if not waits:
+                        self._finish()
+        finally:
+            if waits:  # outside the span's lock: the service may close older spans meanwhile
+                self.owner.wait(self)
 
     @_guarded
     def ledger(
@@ -177,8 +182,10 @@ class OtelSpan:
         with self._lock:
             if self._finished or self._finish_at_end:
                 return
-            self._span.set_attributes(ledger_attributes(entry, rounds, response_model))
-            self._finish_or_defer()
+            try:
+                self._span.set_attributes(ledger_attributes(entry, rounds, response_model))
+            finally:
+                self._finish_or_defer()
 
     @_guarded
     def close(self) -> None:
