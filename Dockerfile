@@ -5,7 +5,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
-RUN pip install . \
+RUN pip install ".[otel]" \
     && useradd --create-home --uid 10001 ctxproxy \
     && mkdir -p /data \
     && chown ctxproxy:ctxproxy /data

@@ -15,7 +15,11 @@ formats only.
 offers its read tool and answers through its read loop (README "Retrieval"), though the model
 never calls it. ``--baseline DIR`` adds a ``base`` mode: a second proxy run from the source tree
 ``DIR`` (e.g. a worktree of an earlier commit), measured interleaved with the rest, so a change's
-before and after share one run.
+before and after share one run. ``--ledger-off`` adds a ``noledg`` mode: a second proxy from
+this tree with the cost ledger off (``ledger: {enabled: false}``), so the ledger's own cost is
+the ``proxy`` vs ``noledg`` ratio of one run. ``--otel`` adds an ``otel`` mode: a second proxy from this tree
+with telemetry on (README "OpenTelemetry"), exporting every request's spans to a local OTLP sink
+(``python -m proxy.testing.otlp``), so the cost of telemetry on vs off shares one run.
 """
 
 from __future__ import annotations
@@ -127,6 +131,12 @@ def main() -> None:
                     help="requests declare a client tool (the proxy's read loop answers them)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="also measure a proxy run from this source tree (mode 'base')")
+    ap.add_argument("--ledger-off", action="store_true",
+                    help="also measure a proxy from this tree with the cost ledger off (mode "
+                    "'noledg'): the ledger's cost is proxy vs noledg")
+    ap.add_argument("--otel", action="store_true",
+                    help="also measure a proxy with telemetry on, exporting to a local OTLP "
+                    "sink (mode 'otel')")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
@@ -134,6 +144,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctxbench-"))
     fake_port, proxy_port = free_port(), free_port()
     bare_port, base_port = free_port(), free_port()
+    otel_port, sink_port = free_port(), free_port()
+    noledg_port = free_port()
     fake = start([sys.executable, "-m", "proxy.testing.fake_upstream", "--port", str(fake_port)])
     bare = start([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"),
                   f"http://127.0.0.1:{fake_port}", str(bare_port)])
@@ -145,10 +157,10 @@ def main() -> None:
     )
     env = {**os.environ}
 
-    def serve(tree: Path, port: int, data: Path) -> subprocess.Popen[str]:
+    def serve(tree: Path, port: int, data: Path, extra: str = "") -> subprocess.Popen[str]:
         # ``python -m proxy`` imports the package of its working directory: the tree's own.
         conf = data.parent / f"config-{port}.yaml"
-        conf.write_text(cfg.read_text().replace(str(tmp / "data"), str(data)))
+        conf.write_text(cfg.read_text().replace(str(tmp / "data"), str(data)) + extra)
         return subprocess.Popen(
             [sys.executable, "-m", "proxy", "serve", "--config", str(conf), "--port", str(port),
              "--log-level", "warning"],
@@ -156,12 +168,24 @@ def main() -> None:
 
     proxy = serve(ROOT, proxy_port, tmp / "data")
     base = serve(args.baseline.resolve(), base_port, tmp / "base-data") if args.baseline else None
+    noledg = (serve(ROOT, noledg_port, tmp / "noledg-data", "ledger: {enabled: false}\n")
+              if args.ledger_off else None)
+    sink = otel = None
+    if args.otel:
+        sink = start([sys.executable, "-m", "proxy.testing.otlp", "--port", str(sink_port)])
+        otel = serve(ROOT, otel_port, tmp / "otel-data", "telemetry: {enabled: true, endpoint: "
+                     f"'http://127.0.0.1:{sink_port}/v1/traces'}}\n")
     try:
         wait_http(f"http://127.0.0.1:{fake_port}/v1/models")
         wait_http(f"http://127.0.0.1:{proxy_port}/healthz")
         wait_http(f"http://127.0.0.1:{bare_port}/")
         if base is not None:
             wait_http(f"http://127.0.0.1:{base_port}/healthz")
+        if noledg is not None:
+            wait_http(f"http://127.0.0.1:{noledg_port}/healthz")
+        if otel is not None:
+            wait_http(f"http://127.0.0.1:{sink_port}/")
+            wait_http(f"http://127.0.0.1:{otel_port}/healthz")
         scripts: dict[str, Path] = {}
         targets: dict[str, dict[str, str]] = {}  # request kind -> mode -> URL
         kinds: list[tuple[str, Any, str]] = []
@@ -189,12 +213,18 @@ def main() -> None:
                 targets[name]["bare"] = f"http://127.0.0.1:{bare_port}{route}"
             if base is not None:
                 targets[name]["base"] = f"http://127.0.0.1:{base_port}{route}"
+            if otel is not None:
+                targets[name]["otel"] = f"http://127.0.0.1:{otel_port}{route}"
+            if noledg is not None:
+                targets[name]["noledg"] = f"http://127.0.0.1:{noledg_port}{route}"
         tput: dict[tuple[str, str], list[dict[str, float]]] = {}
         lat: dict[tuple[str, str], list[dict[str, float]]] = {}
         for kind, script in scripts.items():  # warm-up
             for target in targets[kind].values():
                 wrk(target, script, 1, args.connections)
-        pids = {"proxy": proxy.pid, **({"base": base.pid} if base is not None else {})}
+        pids = {"proxy": proxy.pid, **({"base": base.pid} if base is not None else {}),
+                **({"otel": otel.pid} if otel is not None else {}),
+                **({"noledg": noledg.pid} if noledg is not None else {})}
         cpu: dict[tuple[str, str], list[float]] = {}  # CPU ms per request of the proxy's process
         for _ in range(args.rounds):
             for kind, script in scripts.items():
@@ -228,20 +258,34 @@ def main() -> None:
                 print(f"{kind:9} {mode:7} {row[mode]['rps']:9.0f} {row[mode]['p50']:8.2f} "
                       f"{row[mode]['p99']:8.2f} {errs:6.0f}")
             d = row["direct"]
-            for mode in [m for m in ("bare", "base", "proxy") if m in row]:
+            for mode in [m for m in ("bare", "base", "proxy", "noledg", "otel") if m in row]:
                 print(f"{kind:9} {mode:7} ratio {row[mode]['rps'] / d['rps']:.2f}x direct, "
                       f"p50 +{row[mode]['p50'] - d['p50']:.2f} ms, p99 +{row[mode]['p99'] - d['p99']:.2f} ms")
             if "bare" in row:
                 print(f"{kind:9} proxy   vs bare aiohttp pass-through: "
                       f"{row['proxy']['rps'] / row['bare']['rps']:.2f}x throughput")
-            for mode in [m for m in ("base", "proxy") if (kind, m) in cpu]:
+            for mode in [m for m in ("base", "proxy", "noledg", "otel") if (kind, m) in cpu]:
                 print(f"{kind:9} {mode:7} CPU {statistics.median(cpu[(kind, mode)]):.3f} ms "
                       "per request (the proxy's process, throughput runs)")
             if "base" in row:
                 print(f"{kind:9} proxy   vs base: {row['proxy']['rps'] / row['base']['rps']:.2f}x "
                       f"throughput, p50 {row['proxy']['p50'] - row['base']['p50']:+.2f} ms")
+            if "noledg" in row:
+                on, off = statistics.median(cpu[(kind, "proxy")]), statistics.median(
+                    cpu[(kind, "noledg")])
+                print(f"{kind:9} proxy   vs noledg (the ledger on vs off): "
+                      f"{row['proxy']['rps'] / row['noledg']['rps']:.2f}x throughput, "
+                      f"p50 {row['proxy']['p50'] - row['noledg']['p50']:+.2f} ms, "
+                      f"CPU {on / off:.2f}x ({on - off:+.3f} ms per request)")
+            if "otel" in row:
+                on, off = statistics.median(cpu[(kind, "otel")]), statistics.median(
+                    cpu[(kind, "proxy")])
+                print(f"{kind:9} otel    vs proxy (telemetry on vs off): "
+                      f"{row['otel']['rps'] / row['proxy']['rps']:.2f}x throughput, "
+                      f"p50 {row['otel']['p50'] - row['proxy']['p50']:+.2f} ms, "
+                      f"CPU {on / off:.2f}x ({on - off:+.3f} ms per request)")
     finally:
-        for p in (proxy, base, bare, fake):
+        for p in (proxy, base, noledg, otel, sink, bare, fake):
             if p is None:
                 continue
             p.terminate()

@@ -13,6 +13,7 @@ from typing import Any
 
 from .config import Config, exposure_problem, load_config
 from .errors import ConfigError
+from .telemetry import installation_problem
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
@@ -227,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.port is not None and not 0 <= args.port <= 65535:
                 raise ConfigError("server.port: must be between 0 and 65535")
             config = _with_overrides(config, args.host, args.port)
-            problem = exposure_problem(config)
+            problem = exposure_problem(config) or installation_problem(config.telemetry)
             if problem is not None:
                 raise ConfigError(problem)
             return serve(config, args.log_level)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from .asgi import JSON_CT, Headers, read_body, run_until_disconnect, send_whole, timing_of
 from .formats import Format, Tap
 from .formats.chat import CHAT, ChatTap
+from .ledger.entry import LedgerEntry
 from .ledger.service import RequestCalls
 from .metrics import Metrics
 from .pipeline.model import PipelineResult, RequestView
@@ -82,6 +83,10 @@ class Conversation:
         # litellm routes translate chat completions only; other formats go to the upstream.
         params = svc.router.match(parsed.model) if fmt is CHAT else None
         upstream, forwarder = svc.upstream_of(fmt.name)
+        span = svc.telemetry.request(fmt.name, parsed.model, identity, stream=parsed.stream,
+                                     headers=scope["headers"], base_url=upstream.base_url,
+                                     route=params)
+        send = span.watch(send)
         # The provider judges the key only when it is the client's own and goes upstream.
         judges = not caller.gated and params is None and upstream.config.api_key is None
         writes = svc.writes.for_request(
@@ -101,6 +106,7 @@ class Conversation:
         result = await svc.pipeline.run(view)
         timing_of(scope).pipeline_ms = result.elapsed_ms
         _count(svc.metrics, result.stats)
+        span.set_pipeline(result)
         forwarded = result.messages if result.changed else parsed.history
         reader = svc.readers.get(fmt.name)
         # The read tool is offered from an agent's first request on (a client that declares
@@ -168,12 +174,17 @@ class Conversation:
                 binding=binding,
             )
         disconnected = False
+        failure: BaseException | None = None
         try:
             disconnected = await run_until_disconnect(receive, work)
             if disconnected:
                 log.info("client disconnected; upstream call cancelled (session %s)",
                          identity.session)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
+            span.end(error=failure, disconnected=disconnected, rounds=rounds.rounds)
             writes.finish(disconnected=disconnected)
             if not rounds.replayable and not parsed.continued:
                 svc.replays.answered(identity, fmt.name, parsed.history, tap.answer())
@@ -188,8 +199,18 @@ class Conversation:
                 status=statuses[0] if statuses else None,
                 usages=rounds.calls if rounds.calls else [tap.usage()],
                 sent_at=rounds.sent_at, answer=answer, read_tool=reads)
+
+
+            def recorded(entries: Sequence[LedgerEntry]) -> None:
+                # The span is exported with the ledger's figures (usage, cost, cache reason),
+                # which exist only once the answer is in; without them, now.
+                if entries:
+                    span.ledger(entries[0], rounds=entries[1:])
+                else:
+                    span.close()
+
             svc.ledger.finish(ticket, parsed=parsed, chains=chains, raw=raw, result=result,
-                              calls=calls, writes=writes)
+                              calls=calls, writes=writes, done=recorded)
 
 
 async def _via_reads(

@@ -19,6 +19,7 @@
       writes, usage            what a request may write; disk used per tenant
       background               work after the response, drained on shutdown (and by tests)
       gc                       expiry and disk measurement, at start-up and hourly
+      telemetry                OpenTelemetry spans per request (off: a null object, no import)
 
 None of them is optional: a feature that is off, or a store that cannot be opened, is a null
 object with the same methods. Nothing here is a module global: :func:`open_services` builds them
@@ -71,6 +72,7 @@ from .store.interfaces import (
 from .store.sessions import SessionCounters
 from .store.summaries import SummaryRecord
 from .store.usage import DiskUsage
+from .telemetry import Telemetry, open_telemetry
 from .tokenizer_data import ensure_tiktoken_offline
 from .upstream.forward import Forwarder
 from .upstream.http import Upstream
@@ -150,6 +152,7 @@ class Services:
     background: Background
     counters: SessionCounters | None
     gc: Periodic
+    telemetry: Telemetry  # spans per request; NullTelemetry when off
 
     def upstream_of(self, fmt: str) -> tuple[Upstream, Forwarder]:
         """The upstream a wire format goes to: Anthropic's for Messages, else the OpenAI one."""
@@ -170,6 +173,7 @@ class Services:
         await self.background.drain()
         if self.counters is not None:
             await self.counters.drain()
+        await self.telemetry.drain()
 
     async def collect_garbage(self) -> None:
         """Expire files and measure each tenant's disk (:mod:`proxy.store.gc`), off the loop."""
@@ -189,6 +193,7 @@ class Services:
         await self.background.close()
         if self.counters is not None:
             await self.counters.close()
+        await self.telemetry.close()
         await self.upstream.close()
         await self.anthropic.close()
         await asyncio.to_thread(self.store.close)
@@ -256,6 +261,8 @@ async def open_services(
     session's behalf (the ledger)."""
     gate = gate if gate is not None else Gate(config.auth)
     metrics = metrics or Metrics()
+    # First: a telemetry the installation cannot provide stops the start before anything opens.
+    telemetry = open_telemetry(config.telemetry)
     storage = config.storage
     background = Background()
     upstream = Upstream(config.upstream, forward_client_key=not gate.closed)
@@ -272,6 +279,7 @@ async def open_services(
         store = await asyncio.to_thread(open_backend, storage, digest_cache_bytes=cache // 5)
     except BaseException:
         await upstream.close()
+        await telemetry.close()
         raise
     originals = store.originals
     counter = RequestCounter(TokenCounter(), cache_chars=cache * 2 // 5)
@@ -357,6 +365,7 @@ async def open_services(
         readers=readers, thinking=ThinkingBindings(store.sessions, metrics, background),
         replays=replays, ledger=ledger, writes=writes, usage=usage, background=background,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
+        telemetry=telemetry,
     )
     services.gc.start(services.collect_garbage)
     return services

@@ -112,12 +112,13 @@ class Session:
                                 {"tokens_in": sent, "tokens_out": fwd, **(stats or {})}, (),
                                 0.0, epoch=epoch, evicted=evicted)
         writes = Writes("t1", Mode.NOW, self.usage, lambda t: None, self.background.spawn)
-        got: list[LedgerEntry | None] = []
+        got: list[Sequence[LedgerEntry]] = []
         self.ledger.finish(ticket, parsed=parsed, chains=chains, raw=raw, result=result,
                            calls=RequestCalls(status, usages, [], None), writes=writes,
                            done=got.append)
         await self.background.drain()
-        return got[0] if got else None
+        assert len(got) == 1  # told exactly once
+        return got[0][0] if got[0] else None
 
 
 def chat_usage(prompt: int, cached: int, output: int = 10) -> dict[str, Any]:

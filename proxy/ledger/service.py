@@ -141,8 +141,10 @@ class NullLedger:
     def begin(self, identity: Identity, api: str, model: str) -> Ticket | None:
         return None
 
-    def finish(self, ticket: Ticket | None, **_: Any) -> None:
-        return None
+    def finish(self, ticket: Ticket | None, *,
+               done: Callable[[Sequence[LedgerEntry]], None] | None = None, **_: Any) -> None:
+        if done is not None:
+            done(())
 
     def record_call(self, identity: Identity, call: Call) -> None:
         return None
@@ -196,13 +198,14 @@ class Ledger:
         result: PipelineResult,
         calls: RequestCalls,
         writes: Writes,
-        done: Callable[[LedgerEntry | None], None] | None = None,
+        done: Callable[[Sequence[LedgerEntry]], None] | None = None,
     ) -> None:
-        """Record the request in the background; ``done`` is told of its entry (None: none)."""
+        """Record the request in the background; ``done`` is told of its entries (the request's
+        first, then its read rounds; none when nothing is recorded)."""
         if ticket is None or writes.dropped or calls.status is None or not (
                 200 <= calls.status < 300):
             if done is not None:
-                done(None)
+                done(())
             return
         self.background.spawn(self._record(ticket, parsed, chains, raw, result, calls, done))
 
@@ -230,9 +233,9 @@ class Ledger:
     async def _record(
         self, ticket: Ticket, parsed: Parsed, chains: Sequence[str], raw: bytes,
         result: PipelineResult, calls: RequestCalls,
-        done: Callable[[LedgerEntry | None], None] | None,
+        done: Callable[[Sequence[LedgerEntry]], None] | None,
     ) -> None:
-        entry: LedgerEntry | None = None
+        recorded: Sequence[LedgerEntry] = ()
         try:
             ident = ticket.identity
             key = (ident.tenant, ident.session)
@@ -250,15 +253,14 @@ class Ledger:
                     entries, mf_chains = await asyncio.to_thread(self._entries, *args)
                 else:
                     entries, mf_chains = self._entries(*args)
-                await self._keep(entries)
-                entry = entries[0]
-                request = entry
-                self._state.put(key, _State(entries[-1], request, mf_chains))
+                if await self._keep(entries):
+                    recorded = entries
+                self._state.put(key, _State(entries[-1], entries[0], mf_chains))
         except Exception:
             log.exception("recording the ledger failed; the request was served")
         finally:
             if done is not None:
-                done(entry)
+                done(recorded)
 
     def _load(self, tenant: str, session: str) -> _State | None:
         last = self.store.last(tenant, session)
@@ -268,12 +270,12 @@ class Ledger:
             self.store.entry(tenant, session, last.request) if last.request else None)
         return _State(last, request)
 
-    async def _keep(self, entries: list[LedgerEntry]) -> None:
+    async def _keep(self, entries: list[LedgerEntry]) -> bool:
         try:
             await asyncio.to_thread(self.store.add, entries)
         except Exception as exc:
             log.warning("ledger write failed (%s); the request was served", exc)
-            return
+            return False
         self.recorded += len(entries)
         for e in entries:
             billed = e.billed
@@ -287,6 +289,7 @@ class Ledger:
                 self.metrics.direct_cost_usd.inc(e.direct_cost)
             if e.cache_reason is not None:
                 self.metrics.cache_breaks.labels(e.cache_reason).inc()
+        return True
 
     # -- the entries (pure but for the clock-free inputs) -------------------------------------
 
