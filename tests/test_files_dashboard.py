@@ -23,7 +23,6 @@ from proxy.ledger.usage import Usage
 from proxy.pipeline.notice import split_notice
 from proxy.store.interfaces import LedgerStore
 from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.ledger import ledger_of
 from proxy.testing.servers import ServerThread, serve_in_thread
 from proxy.web import ledger as ledger_view
 from proxy.web import routes
@@ -197,7 +196,7 @@ def make_dash(corpus: Corpus, fake: FakeUpstream) -> Dash:
                          tokens_sent=10, tokens_forwarded=10, direct_cost=0.75,
                          changes=(Change("cut", "BRAVO-REASON-only"),))
     ids.update(dear=dear.id, theirs=theirs.id)
-    ledger = ledger_of(corpus.srv.app.services.store)  # type: ignore[attr-defined]
+    ledger = corpus.srv.app.services.store.ledger  # type: ignore[attr-defined]
     ledger.add([*entries.values(), dear, theirs])
     return Dash(corpus, ledger, tool["name"], forwarded, notice, summary, ids)
 

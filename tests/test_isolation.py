@@ -39,7 +39,6 @@ from proxy.ledger.usage import Usage
 from proxy.session import tenant_of
 from proxy.store.db import Database
 from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.ledger import ledger_of
 from proxy.testing.servers import ServerThread, serve_in_thread
 
 from .conftest import proxy_config, raw_get
@@ -177,7 +176,7 @@ def populate(srv: ServerThread, fake: FakeUpstream, data: Path,
         files[tenant] = Files(tool.name, dialog.name, summary.name,
                               REQUEST[KEY_A if tenant == TA else KEY_B])
     # Each tenant's build-1 gets a ledger entry, its reason carrying the tenant's mark.
-    ledger = ledger_of(srv.app.services.store)  # type: ignore[attr-defined]
+    ledger = srv.app.services.store.ledger  # type: ignore[attr-defined]
     for key, tenant in ((KEY_A, TA), (KEY_B, TB)):
         rid = REQUEST[key]
         ledger.add([LedgerEntry(

@@ -1,6 +1,7 @@
 """The ledger service on scripted sessions with known answers: the counterfactual, cache-break
 attribution (compaction, client edit, TTL), estimates without the provider's usage, read rounds,
-summarizer calls. The store is an in-memory LedgerStore; the proxy end to end is tested in
+summarizer calls. The store is an in-memory LedgerStore (proxy.testing.ledger); the proxy end to
+end is tested in
 tests/test_ledger_e2e.py."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from proxy.background import Background
 from proxy.config import LedgerConfig, OffloadConfig
 from proxy.formats.chat import CHAT
 from proxy.ledger.calls import Call
-from proxy.ledger.entry import LedgerEntry, LedgerTotals
+from proxy.ledger.entry import LedgerEntry
 from proxy.ledger.prices import Price, Prices
 from proxy.ledger.service import Ledger, RequestCalls
 from proxy.ledger.usage import Usage
@@ -27,45 +28,10 @@ from proxy.pipeline.tokens import TokenCounter
 from proxy.session import Identity
 from proxy.store.chains import chain_hashes
 from proxy.store.usage import DiskUsage
+from proxy.testing.ledger import MemoryLedger
 from proxy.writes import Mode, Writes
 
 PRICE = Price.of(input=3, output=15, cache_read=0.3, cache_write=3.75)
-
-
-class MemoryLedger:
-    """A LedgerStore in a list (the real ones: tests/test_ledger_store.py)."""
-
-    def __init__(self) -> None:
-        self.rows: list[LedgerEntry] = []
-
-    def add(self, entries: Sequence[LedgerEntry]) -> None:
-        ids = {e.id for e in self.rows}
-        self.rows += [e for e in entries if e.id not in ids]
-
-    def entries(self, tenant: str, session: str, *, kind: str | None = None,
-                limit: int | None = None) -> list[LedgerEntry]:
-        rows = [e for e in self.rows if (e.tenant, e.session) == (tenant, session)
-                and (kind is None or e.kind == kind)]
-        rows.sort(key=lambda e: e.ts)
-        return rows[-limit:] if limit else rows
-
-    def entry(self, tenant: str, session: str, entry_id: str) -> LedgerEntry | None:
-        return next((e for e in self.entries(tenant, session) if e.id == entry_id), None)
-
-    def last(self, tenant: str, session: str) -> LedgerEntry | None:
-        calls = [e for e in self.entries(tenant, session)
-                 if e.kind in ("request", "read_round")]
-        return calls[-1] if calls else None
-
-    def totals(self, tenant: str | None = None, *, search: str | None = None,
-               limit: int | None = None) -> list[LedgerTotals]:
-        keys = sorted({(e.tenant, e.session) for e in self.rows})
-        return [LedgerTotals.of(t, s, self.entries(t, s)) for t, s in keys]
-
-    def expire(self, before: float) -> int:
-        n = len(self.rows)
-        self.rows = [e for e in self.rows if e.ts >= before]
-        return n - len(self.rows)
 
 
 class Clock:
@@ -224,10 +190,10 @@ async def test_read_rounds_are_their_own_calls(tmp_path: Path) -> None:
     entry = await s.send(history(1), [chat_usage(1300, 0), chat_usage(1500, 1280),
                                       chat_usage(1700, 1408)])
     assert entry is not None and entry.rounds == 2
-    kinds = [e.kind for e in s.store.rows]
+    kinds = [e.kind for e in s.store.entries("t1", "s1")]
     assert kinds == ["request", "read_round", "read_round"]
-    assert all(e.request == entry.id for e in s.store.rows)
-    assert all(e.cache_reason is None for e in s.store.rows)
+    assert all(e.request == entry.id for e in s.store.entries("t1", "s1"))
+    assert all(e.cache_reason is None for e in s.store.entries("t1", "s1"))
     totals = s.store.totals()[0]
     assert totals.billed.prompt == 1300 + 1500 + 1700 and totals.requests == 1
 
@@ -235,7 +201,7 @@ async def test_read_rounds_are_their_own_calls(tmp_path: Path) -> None:
 async def test_errors_and_dropped_writes_record_nothing(tmp_path: Path) -> None:
     s = Session(tmp_path)
     assert await s.send(history(1), [None], status=400) is None
-    assert s.store.rows == []
+    assert s.store.entries("t1", "s1") == []
 
 
 async def test_an_unmarked_anthropic_client_is_never_cached_directly(tmp_path: Path) -> None:
@@ -255,8 +221,9 @@ async def test_summarizer_calls_are_costs(tmp_path: Path) -> None:
     s.ledger.record_call(IDENT, Call("summarizer", "chat", "gpt-4o", None, s.clock(),
                                      status=500))
     await s.background.drain()
-    assert [e.kind for e in s.store.rows] == ["summarizer"]
-    assert s.store.rows[0].cost == pytest.approx(PRICE.cost(Usage(input=5000, output=700)))
+    assert [e.kind for e in s.store.entries("t1", "s1")] == ["summarizer"]
+    [summary] = s.store.entries("t1", "s1")
+    assert summary.cost == pytest.approx(PRICE.cost(Usage(input=5000, output=700)))
 
 
 async def test_another_replica_served_the_previous_turn(tmp_path: Path) -> None:

@@ -1,16 +1,14 @@
-"""An in-memory :class:`proxy.store.interfaces.LedgerStore`, for tests of what reads the ledger
-(/files) without a database, and a way to give a running proxy one when its backend has none."""
+"""An in-memory :class:`proxy.store.interfaces.LedgerStore`, for tests of what reads or writes
+the ledger without a database (the real ones: proxy.store.ledger)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from ..ledger.entry import LedgerEntry, LedgerTotals
-from ..store.interfaces import LedgerStore
 
-__all__ = ["MemoryLedger", "ledger_of"]
+__all__ = ["MemoryLedger"]
 
 
 class MemoryLedger:
@@ -65,13 +63,3 @@ class MemoryLedger:
             self._entries = kept
             self._ids = {(e.tenant, e.session, e.id) for e in kept}
         return gone
-
-
-def ledger_of(store: Any) -> LedgerStore:
-    """``store``'s ledger; a backend without one (before the ledger's store existed) is given a
-    :class:`MemoryLedger` (the seam tests write entries through)."""
-    ledger: LedgerStore | None = getattr(store, "ledger", None)
-    if ledger is None:
-        ledger = MemoryLedger()
-        store.ledger = ledger
-    return ledger

@@ -125,10 +125,9 @@ def _gone() -> NotFound:
 
 
 def _ledger(rt: Services) -> LedgerStore | None:
-    """The cost ledger; None when the backend has none (its index could not be opened, or a
-    backend that predates the ledger): the pages are then shown without their ledger parts."""
-    ledger: LedgerStore | None = getattr(rt.store, "ledger", None)
-    return ledger
+    """The cost ledger; None when the backend's index could not be opened: the pages are then
+    shown without their ledger parts."""
+    return rt.store.ledger
 
 
 def _dispatch(rt: Services, caller: Caller, ask: Ask, rest: str) -> View:
