@@ -167,6 +167,7 @@ async def test_a_compaction_starting_an_epoch_is_the_reason(tmp_path: Path) -> N
                          forward=lambda h: [h[0], summary, *h[-4:]], evicted=range(1, 5))
     assert later is not None and later.cache_reason is None and not later.compaction
     assert later.changes == ()  # nothing new: the summary and eviction were the epoch's start
+    assert entry.changes_from == 0 and later.changes_from == 7  # its new messages only
 
 
 async def test_without_the_providers_usage_the_proxy_estimates(tmp_path: Path) -> None:

@@ -131,6 +131,10 @@ class LedgerEntry:
     offloaded: int = 0  # tool results forwarded cut
     rounds: int = 0  # read-tool rounds after the first call
     changes: tuple[Change, ...] = ()
+    # The first history message ``changes`` covers: 0, every change (an epoch's first request,
+    # an edited history); else only the messages this request added, the rest being forwarded
+    # as the previous request forwarded them (the epoch rule).
+    changes_from: int = 0
     prefix: Prefix | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # fields of a newer schema, kept
 
@@ -146,7 +150,8 @@ class LedgerEntry:
 
 _SCALARS: Final = ("tenant", "session", "id", "request", "ts", "kind", "api", "model", "cost",
                    "status", "tokens_sent", "tokens_forwarded", "direct_cost", "cache_reason",
-                   "gap_s", "scale", "epoch", "compacted", "compaction", "offloaded", "rounds")
+                   "gap_s", "scale", "epoch", "compacted", "compaction", "offloaded", "rounds",
+                   "changes_from")
 _USAGES: Final = ("usage", "estimate", "direct")
 
 

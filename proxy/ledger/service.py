@@ -70,6 +70,8 @@ log = logging.getLogger("proxy.store")
 _TTL_1H: Final = re.compile(rb'"ttl"\s*:\s*"1h"')
 # How long the writer gathers entries before a commit.
 _FLUSH_S: Final = 0.02
+# Below this many items a request is recorded as its response ends, not in a task of its own.
+_INLINE_ITEMS: Final = 200
 # From this many items, the ledger's CPU work (chains, the change list) moves to a thread.
 _LARGE_ITEMS: Final = 2000
 
@@ -212,6 +214,22 @@ class Ledger:
             if done is not None:
                 done(())
             return
+        key = (ticket.identity.tenant, ticket.identity.session)
+        state = self._state.get(key)
+        if state is not None and not self.shared and len(parsed.items) < _INLINE_ITEMS:
+            # The common case, done now (tens of microseconds): the session's previous call is
+            # in memory and the request is small; the write itself is queued.
+            try:
+                entries, mf_chains = self._entries(ticket, parsed, chains, raw, result, calls,
+                                                   state)
+            except Exception:
+                log.exception("recording the ledger failed; the request was served")
+                if done is not None:
+                    done(())
+                return
+            self._state.put(key, _State(entries[-1], entries[0], mf_chains))
+            self._queue(entries, done)
+            return
         self.background.spawn(self._record(ticket, parsed, chains, raw, result, calls, done))
 
     def record_call(self, identity: Identity, call: Call) -> None:
@@ -247,8 +265,8 @@ class Ledger:
             large = len(parsed.items) >= _LARGE_ITEMS
             state = self._state.get(key)
             if state is not None and not self.shared and not large:
-                # The common case: the session's previous call is in memory; computing from it
-                # and keeping the new state happen with no await between (no lock needed).
+                # The previous call is in memory: computing from it and keeping the new state
+                # happen with no await between (no lock needed).
                 entries, mf_chains = self._entries(*args, state)
             else:
                 async with self._lock(key):
@@ -320,18 +338,30 @@ class Ledger:
             log.warning("ledger write failed (%s); the request was served", exc)
             return False
         self.recorded += len(entries)
-        for e in entries:
-            billed = e.billed
-            for part, n in (("input", billed.input), ("cache_read", billed.cache_read),
-                            ("cache_write", billed.cache_write), ("output", billed.output)):
+        billed: dict[tuple[str, str], int] = {}
+        costs: dict[str, float] = {}
+        direct = 0.0
+        breaks: dict[str, int] = {}
+        for e in entries:  # summed first: a labelled child costs a lookup and a lock each
+            b = e.billed
+            for part, n in (("input", b.input), ("cache_read", b.cache_read),
+                            ("cache_write", b.cache_write), ("output", b.output)):
                 if n:
-                    self.metrics.billed_tokens.labels(part, e.kind).inc(n)
+                    billed[part, e.kind] = billed.get((part, e.kind), 0) + n
             if e.cost is not None:
-                self.metrics.cost_usd.labels(e.kind).inc(e.cost)
-            if e.direct_cost is not None:
-                self.metrics.direct_cost_usd.inc(e.direct_cost)
+                costs[e.kind] = costs.get(e.kind, 0.0) + e.cost
+            direct += e.direct_cost or 0.0
             if e.cache_reason is not None:
-                self.metrics.cache_breaks.labels(e.cache_reason).inc()
+                breaks[e.cache_reason] = breaks.get(e.cache_reason, 0) + 1
+        m = self.metrics
+        for (part, kind), n in billed.items():
+            m.billed_tokens.labels(part, kind).inc(n)
+        for kind, usd in costs.items():
+            m.cost_usd.labels(kind).inc(usd)
+        if direct:
+            m.direct_cost_usd.inc(direct)
+        for reason, n in breaks.items():
+            m.cache_breaks.labels(reason).inc(n)
         return True
 
     # -- the entries (pure but for the clock-free inputs) -------------------------------------
@@ -467,7 +497,7 @@ class Ledger:
             scale=scale,
             epoch=result.epoch, compacted=bool(stats.get("compacted")), compaction=compaction,
             offloaded=int(stats.get("offloaded", 0)), rounds=max(0, len(calls.usages) - 1),
-            changes=changes, prefix=prefix,
+            changes=changes, changes_from=since, prefix=prefix,
         )]
         previous = entries[0]
         for k, usage in enumerate(usages[1:], start=1):

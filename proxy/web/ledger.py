@@ -78,6 +78,7 @@ def entry_row(e: LedgerEntry, session_url: str, number: int | None = None) -> di
         "offloaded": e.offloaded,
         "rounds": e.rounds,
         "changes": len(e.changes),
+        "changes_from": e.changes_from,
     }
 
 
