@@ -450,7 +450,8 @@ def test_index_has_the_tenants_totals_and_each_sessions_cost(dash: Dash) -> None
     assert rows["build-1"]["ledger"]["saved"] < 0  # ctxproxy cost more there
     assert rows["build-1"]["turns"] == 2  # the counters are still there
     page = dash.get("/files", {**bearer(KEY_A), **HTML}).text
-    assert "<th>Saved ($)</th>" in page and '<td class="num neg">-$' in page
+    assert "<th>Saved (under caching)</th>" in page and '<td class="num neg">-$' in page
+    assert "<th>Tokens cut</th>" in page  # tokens, never called a saving
     assert '<form class="search" method="get" action="/files"' in page
 
 
