@@ -32,6 +32,7 @@ from session import stability  # bench/session.py: the same measure for both for
 from proxy.app import create_app
 from proxy.config import Config, config_from_mapping
 from proxy.demo import MODEL, SYSTEM, TASK, TOOLS, ScriptedModel, TurnFigures, drive, script
+from proxy.formats.messages import strip_cache_control
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import serve_in_thread
 
@@ -115,18 +116,10 @@ async def drive_messages(url: str, model: ScriptedModel, max_turns: int = 500) -
     return figures
 
 
-def _unmarked(value: Any) -> Any:
-    """``value`` without cache_control: a marker is not part of the prefix the provider caches
-    (Claude Code moves its marker to the newest message every turn)."""
-    if isinstance(value, dict):
-        return {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [_unmarked(v) for v in value]
-    return value
 
 
 def units(body: dict[str, Any]) -> list[bytes]:
-    body = _unmarked(body)
+    body = strip_cache_control(body)
     opt = orjson.OPT_SORT_KEYS
     head = [orjson.dumps(body.get("tools"), option=opt)]
     if "system" in body:

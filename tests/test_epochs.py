@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.message import SUMMARY_HEADING
+from proxy.formats.messages import strip_cache_control
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import ServerThread
 
@@ -114,12 +115,6 @@ def is_summarizer(req: dict[str, Any]) -> bool:
     return "summar" in (str(req.get("system", "")) + str(first.get("content", ""))).lower()
 
 
-def without_markers(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: without_markers(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [without_markers(v) for v in value]
-    return value
 
 
 def summary_of(conversation: list[Any]) -> bytes | None:
@@ -173,7 +168,7 @@ def check_epochs(fmt: str, forwarded: list[dict[str, Any]], summaries: int) -> i
     seen: set[bytes] = set()
     boundaries = 0
     for prev, nxt in zip(forwarded, forwarded[1:], strict=False):
-        a, b = without_markers(prev), without_markers(nxt)
+        a, b = strip_cache_control(prev), strip_cache_control(nxt)
         before, after = summary_of(a[key]), summary_of(b[key])
         if before == after:
             for field in FIXED[fmt]:

@@ -47,7 +47,14 @@ from . import Parsed, json
 from .body import check_objects, json_type, load_object, require_model
 from .messages_answer import MessagesTap
 
-__all__ = ["MAX_CACHE_MARKERS", "MESSAGES", "MessagesFormat", "cache_markers", "chat_tools"]
+__all__ = [
+    "MAX_CACHE_MARKERS",
+    "MESSAGES",
+    "MessagesFormat",
+    "cache_markers",
+    "chat_tools",
+    "strip_cache_control",
+]
 
 MAX_CACHE_MARKERS: Final = 4  # the provider rejects a request with more cache_control blocks
 _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
@@ -485,6 +492,16 @@ def _markers(value: Any) -> Iterator[Any]:
         for inner in value:
             if isinstance(inner, dict | list):
                 yield from _markers(inner)
+
+
+def strip_cache_control(value: Any) -> Any:
+    """``value`` without any ``cache_control`` key, at any depth: a marker is no part of the
+    prefix a provider caches or binds a signature to (Claude Code moves its marker every turn)."""
+    if isinstance(value, dict):
+        return {k: strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [strip_cache_control(v) for v in value]
+    return value
 
 
 def cache_markers(body: Mapping[str, Any]) -> int:

@@ -39,6 +39,7 @@ from ..background import Background
 from ..config import LedgerConfig, OffloadConfig
 from ..formats import Parsed
 from ..formats import json as rawjson
+from ..formats.messages import strip_cache_control
 from ..lru import LRU
 from ..metrics import Metrics
 from ..pipeline.count import RequestCounter
@@ -76,12 +77,6 @@ _INLINE_ITEMS: Final = 200
 _LARGE_ITEMS: Final = 2000
 
 
-def _strip_markers(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip_markers(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [_strip_markers(v) for v in value]
-    return value
 
 
 def _has_marker(item: Any) -> bool:
@@ -102,7 +97,7 @@ def marker_free_chains(items: Sequence[Any], chains: Sequence[str],
     first = next((i for i, item in enumerate(items) if _has_marker(item)), None)
     if first is None:
         return list(chains)
-    stripped = [_strip_markers(item) if _has_marker(item) else item for item in items]
+    stripped = [strip_cache_control(item) if _has_marker(item) else item for item in items]
     return chain_hashes(stripped, cache)
 
 

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import orjson
 
+from ..formats.messages import strip_cache_control
 from .fake_wire import bound_reasoning_token
 
 __all__ = [
@@ -71,14 +72,6 @@ def mismatch_message(message_index: int, content_index: int) -> str:
     )
 
 
-def strip_cache_control(value: Any) -> Any:
-    """``value`` without any ``cache_control`` key, at any depth (markers are no part of a
-    prefix: clients move them every turn)."""
-    if isinstance(value, dict):
-        return {k: strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [strip_cache_control(v) for v in value]
-    return value
 
 
 def _text_blocks(content: Any) -> Any:

@@ -37,6 +37,8 @@ from typing import Any, Final
 
 import orjson
 
+from ..formats.messages import strip_cache_control
+
 __all__ = [
     "MIN_OPENAI_PREFIX",
     "OPENAI_STEP",
@@ -73,12 +75,6 @@ class Prompt:
         return self.tokens - self.read - self.write
 
 
-def _unmarked(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [_unmarked(v) for v in value]
-    return value
 
 
 def _markers(value: Any) -> Iterator[Any]:
@@ -121,7 +117,7 @@ def _parts(api: str, body: Mapping[str, Any]) -> list[Any]:
 
 
 def _canonical(value: Any) -> bytes:
-    return orjson.dumps(_unmarked(value), option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps(strip_cache_control(value), option=orjson.OPT_SORT_KEYS)
 
 
 def prompt_units(api: str, body: Mapping[str, Any]) -> list[bytes]:
