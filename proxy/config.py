@@ -172,6 +172,34 @@ def _default_read_tools() -> dict[str, ReadTool]:
     }
 
 
+class ToolPolicy(_Section):
+    tool: str = Field(
+        description="Tool name or glob (fnmatch, case-sensitive): Bash, mcp__*, read_file.")
+    command: str | None = Field(
+        None, description="Shell tools only: a glob the call's command must match (grep*, "
+        "'git diff*'); null: any command.")
+    protect: bool = Field(
+        False, description="Never cut, mark or deduplicate this tool's results (the last "
+        "resort's 1 KB pass aside: a request the provider refuses is worse).")
+    offload_max_bytes: int | None = Field(
+        None, ge=256, description="Stage-1 budget for its results instead of recent_max_bytes.")
+    old_max_bytes: int | None = Field(
+        None, ge=256, description="Stage-2 budget for its results instead of old_max_bytes.")
+    dedupe: bool = Field(
+        True, description="Its results may be forwarded as a re-read delta or a reference to "
+        "a duplicate; false: always whole (or cut).")
+
+
+def _default_policies() -> tuple[ToolPolicy, ...]:
+    # The edit working set: an edit tool's result is the agent's view of the file right after
+    # its change (Claude Code's Edit answers with a cat -n snippet of the edited region), small,
+    # and what the next edit quotes from.
+    # (Not the editor tools: one of them also views files, which must stay cuttable.)
+    edits = ("Edit", "MultiEdit", "Write", "NotebookEdit", "apply_patch", "edit_file",
+             "write_file", "create_file")
+    return tuple(ToolPolicy(tool=name, protect=True) for name in edits)
+
+
 class OffloadConfig(_Section):
     recent_max_bytes: int = Field(
         51200, ge=256, description="Stage 1: tool results above this size (UTF-8 bytes) are cut."
@@ -219,6 +247,27 @@ class OffloadConfig(_Section):
         description="The client's own file-reading tools (name -> argument names): their cut "
         "results point back to that tool and the original path instead of a proxy file.",
     )
+    supersede_reads: bool = Field(
+        True, description="At a compaction, a file read superseded by a later read of the same "
+        "or a wider range, or stale (the file was written after it), is forwarded as a one-line "
+        "marker naming the path, the turn that supersedes it and how to read it again; the "
+        "newest read of each file and any read a later edit quotes stay verbatim.")
+    reread_deltas: bool = Field(
+        True, description="A new read of a file whose earlier read of the same range is still "
+        "forwarded whole is forwarded as a delta against it when smaller: a marker when "
+        "unchanged, a unified diff with line numbers when changed (the original is kept).")
+    dedupe: bool = Field(
+        True, description="A tool result repeating an earlier one still forwarded whole (the "
+        "same bytes, or a span of at least dedupe_min_bytes) is forwarded with that part as a "
+        "reference to it (the original is kept).")
+    dedupe_min_bytes: int = Field(
+        4096, ge=256, description="The smallest result, or repeated span, deduplicated.")
+    policies: tuple[ToolPolicy, ...] = Field(
+        default_factory=_default_policies,
+        description="Per-tool policies, the first that matches a result's call wins (by tool "
+        "name or glob, and for shell tools by command): protect, budgets, dedupe. The "
+        "defaults protect the edit tools' results (the edit working set); a list you set "
+        "replaces them.")
 
 
 class GuardConfig(_Section):
