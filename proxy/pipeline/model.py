@@ -31,6 +31,7 @@ __all__ = [
     "RequestView",
     "Stage",
     "StageOutcome",
+    "result_text",
 ]
 
 Message = dict[str, Any]
@@ -122,3 +123,19 @@ class PipelineResult:
     epoch: str = ""
     # The history range the summary in use replaced (None: no summary).
     evicted: range | None = None
+
+
+def result_text(content: Any) -> str | None:
+    """A tool result's text as offload cuts and saves it (text parts joined by newlines); None
+    when it has none or a part is not text-typed text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                if not isinstance(part.get("text"), str):
+                    return None
+                texts.append(part["text"])
+        return "\n".join(texts) if texts else None
+    return None

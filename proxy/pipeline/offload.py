@@ -30,7 +30,7 @@ from ..store.paths import tool_result_file
 from ..store.tool_results import relative_path, result_id
 from . import ageing
 from .epoch import ageing_epoch
-from .model import FileWrite, Message, RequestView, StageOutcome
+from .model import FileWrite, Message, RequestView, StageOutcome, result_text
 from .native import native, newest_compaction
 from .notice import parse_notice
 from .quotes import choose, working_set
@@ -59,22 +59,6 @@ class _Entry:
     rid: str
     size: int
     cuts: dict[int, str | None]  # budget -> forwarded text (None: fits, no cut)
-
-
-def result_text(content: Any) -> str | None:
-    """A tool result's text as offload cuts and saves it (text parts joined by newlines); None
-    when it has none or a part is not text-typed text."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and content:
-        texts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text":
-                if not isinstance(part.get("text"), str):
-                    return None
-                texts.append(part["text"])
-        return "\n".join(texts) if texts else None
-    return None
 
 
 def _with_text(message: Message, text: str) -> Message:

@@ -1,0 +1,345 @@
+"""Duplicate tool outputs forwarded as references to the earlier copy (pure, no I/O).
+
+Agents run the same command twice (a test suite before and after a one-line fix, ``git diff``
+again, a build log), and the second output repeats the first in whole or in long stretches.
+:func:`duplicate` gives a new output's forwarded form against the outputs still forwarded
+whole in the session (:class:`Earlier`): the same bytes as one of them become one line,
+``[ctxproxy: identical to the output of call X in turn N (K lines); this copy: ...]``; else
+every run of whole lines of at least ``min_bytes`` that repeats a run of one earlier output
+becomes one line, ``[ctxproxy: lines A-B here repeat lines C-D of the output of call X in turn
+N; this copy: read_offloaded file_path=... start_line=A]``. :func:`expand` gives the output
+back from that form and the same earlier outputs, byte for byte.
+
+How: the lines (split at ``\\n``, each keeping its ``\\n``) of every earlier output are
+indexed by a rolling hash of their *windows*, a window being the fewest lines from a position
+that hold ``min_bytes`` (so any repeat of at least ``min_bytes`` starting at a line begins with
+a whole window, identical on both sides); the new output's windows are looked up left to
+right, each hit checked line by line and extended as far as it goes; the longest wins
+(ties: the newest output, then its latest position), the scan resumes after it. Line hashes
+are CRC-32s: deterministic across processes (Python's ``hash`` is salted per process, and
+every replica must forward the same bytes); a collision costs a comparison, never a wrong
+reference.
+
+Limits (both keep the cost linear in the bytes looked at): only the newest earlier outputs
+totalling at most ``budget_bytes`` (8 MiB by default, twice the text of a million-token
+window: everything a context can hold) are indexed, and each window keeps the
+:data:`CANDIDATES` newest positions it occurs at (a log repeating one block thousands of
+times is matched against four of them, not all). The whole-output check looks at every
+earlier output (a length comparison each).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+
+from .markers import PREFIX, TOKEN, Pointer, as_pointer, pointer, read_pointer, token, untoken
+
+__all__ = ["BUDGET_BYTES", "CANDIDATES", "Dedup", "Earlier", "Span", "duplicate", "expand"]
+
+#: The newest earlier outputs indexed, in UTF-8 bytes.
+BUDGET_BYTES: Final = 8 * 1024 * 1024
+#: Positions kept per window hash (the newest).
+CANDIDATES: Final = 4
+
+_MOD: Final = (1 << 61) - 1
+_BASE: Final = 1_000_003
+
+
+class Earlier(NamedTuple):
+    """A tool output forwarded whole earlier in the session: the history index of its result,
+    its call, the turn of that call (the assistant message's number, from 1), its text."""
+
+    index: int
+    call_id: str
+    turn: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Lines ``start``-``end`` of the output (1-based, inclusive) are lines
+    ``from_start``-``from_end`` of the earlier output ``index`` (call ``call_id``)."""
+
+    start: int
+    end: int
+    index: int
+    call_id: str
+    turn: int
+    from_start: int
+    from_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dedup:
+    """An output's forwarded form (``text``) and what it refers to: the earlier output it is
+    identical to, or the spans replaced by references."""
+
+    text: str
+    spans: tuple[Span, ...] = ()
+    identical: Earlier | None = None
+
+    @property
+    def refs(self) -> frozenset[int]:
+        """The history indices of the earlier outputs this form needs forwarded whole."""
+        if self.identical is not None:
+            return frozenset({self.identical.index})
+        return frozenset(s.index for s in self.spans)
+
+
+_IDENTICAL: Final = "identical to the output of call {call} in turn {turn} ({n} lines)"
+_SPAN: Final = "lines {a}-{b} here repeat lines {c}-{d} of the output of call {call} in turn {turn}"
+_COPY: Final = "; this copy: {saved}"
+_IDENTICAL_RE: Final = re.compile(
+    re.escape(PREFIX)
+    + rf"identical to the output of call (?P<call>{TOKEN}) in turn (?P<turn>[0-9]+) "
+    + rf"\((?P<n>[0-9]+) lines\)(?:; this copy: {pointer('s')})?\]"
+)
+_SPAN_RE: Final = re.compile(
+    re.escape(PREFIX)
+    + r"lines (?P<a>[0-9]+)-(?P<b>[0-9]+) here repeat lines (?P<c>[0-9]+)-(?P<d>[0-9]+) "
+    + rf"of the output of call (?P<call>{TOKEN}) in turn (?P<turn>[0-9]+)"
+    + rf"(?:; this copy: {pointer('s', line=True)})?\]"
+)
+
+
+def _identical_line(e: Earlier, n: int, saved: Pointer | None) -> str:
+    line = PREFIX + _IDENTICAL.format(call=token(e.call_id), turn=e.turn, n=n)
+    return line + (_COPY.format(saved=saved.render()) if saved is not None else "") + "]"
+
+
+def _span_line(s: Span, saved: Pointer | None) -> str:
+    line = PREFIX + _SPAN.format(a=s.start, b=s.end, c=s.from_start, d=s.from_end,
+                                 call=token(s.call_id), turn=s.turn)
+    return line + (_COPY.format(saved=saved.render(s.start)) if saved is not None else "") + "]"
+
+
+def _count(text: str) -> int:
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+class _Lines:
+    """A text's lines as UTF-8 bytes (each keeping its ``\\n``), their start offsets and the
+    prefix hashes of their CRC-32s."""
+
+    __slots__ = ("lines", "offsets", "prefix")
+
+    def __init__(self, data: bytes) -> None:
+        pieces = data.split(b"\n")
+        lines = [p + b"\n" for p in pieces[:-1]]
+        if pieces[-1]:
+            lines.append(pieces[-1])
+        self.lines = lines
+        offsets = [0]
+        prefix = [0]
+        at = h = 0
+        for line in lines:
+            at += len(line)
+            offsets.append(at)
+            h = (h * _BASE + (zlib.crc32(line) | len(line) << 32)) % _MOD
+            prefix.append(h)
+        self.offsets = offsets
+        self.prefix = prefix
+
+    def windows(self, min_bytes: int, powers: list[int]) -> list[tuple[int, int]]:
+        """(hash, line count) of the window at every line a window starts at (the fewest
+        lines from there holding ``min_bytes``), in line order; a line too close to the end
+        has none (the list stops there)."""
+        out: list[tuple[int, int]] = []
+        off, pre = self.offsets, self.prefix
+        n = len(self.lines)
+        end = 0
+        for k in range(n):
+            end = max(end, k + 1)
+            while end <= n and off[end] - off[k] < min_bytes:
+                end += 1
+            if end > n:
+                break
+            width = end - k
+            out.append(((pre[end] - pre[k] * _power(powers, width)) % _MOD, width))
+        return out
+
+
+def _power(powers: list[int], n: int) -> int:
+    while len(powers) <= n:
+        powers.append(powers[-1] * _BASE % _MOD)
+    return powers[n]
+
+
+def _unique(earlier: Sequence[Earlier]) -> list[Earlier]:
+    """The first output of each call id (a reference names the call), in order."""
+    seen: set[str] = set()
+    out: list[Earlier] = []
+    for e in earlier:
+        if e.call_id not in seen:
+            seen.add(e.call_id)
+            out.append(e)
+    return out
+
+
+def duplicate(
+    text: str, earlier: Sequence[Earlier], *, min_bytes: int,
+    saved: str | Pointer | None = None, budget_bytes: int = BUDGET_BYTES,
+) -> Dedup | None:
+    """``text`` (a new tool output) forwarded against ``earlier`` (outputs forwarded whole
+    before it in the session, in history order; the first of each call id counts), or None
+    when nothing of at least ``min_bytes`` UTF-8 bytes repeats (see the module docstring for
+    the forms and the limits). ``saved``: where the proxy kept ``text`` whole (the caller
+    keeps it, as for any offload; a path is a ``read_offloaded`` path), named in each
+    reference line with the line to start at. The forwarded text is always smaller than
+    ``text``.
+
+    Not deduplicated (None): a text under ``min_bytes``; a text with a line starting
+    ``[ctxproxy: `` (a reference could not be told from it, and :func:`expand` must be exact).
+    Deterministic; :func:`expand` ``(result.text, earlier)`` gives ``text`` back exactly.
+    """
+    if 4 * len(text) < min_bytes or not earlier:
+        return None
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) < min_bytes or text.startswith(PREFIX) or "\n" + PREFIX in text:
+        return None
+    where = as_pointer(saved)
+    outputs = _unique(earlier)
+    for e in reversed(outputs):
+        if len(e.text) == len(text) and e.text == text:
+            line = _identical_line(e, _count(text), where)
+            if len(line.encode("utf-8", "surrogatepass")) < len(data):
+                return Dedup(line, (), e)
+            break
+
+    indexed: list[tuple[Earlier, _Lines]] = []
+    spent = 0
+    for e in reversed(outputs):
+        if 4 * len(e.text) < min_bytes:
+            continue
+        body = e.text.encode("utf-8", "surrogatepass")
+        spent += len(body)
+        if spent > budget_bytes:
+            break
+        indexed.append((e, _Lines(body)))
+    if not indexed:
+        return None
+    indexed.reverse()  # history order: newer positions overwrite older candidates
+
+    powers = [1]
+    index: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for n, (_, lines) in enumerate(indexed):
+        for k, key in enumerate(lines.windows(min_bytes, powers)):
+            found = index.get(key)
+            if found is None:
+                index[key] = [(n, k)]
+            else:
+                found.append((n, k))
+                if len(found) > CANDIDATES:
+                    del found[0]
+    if not index:
+        return None
+
+    mine = _Lines(data)
+    own = mine.lines
+    spans: list[tuple[int, int, int, int]] = []  # (start, end excl., output, its start)
+    i = 0
+    windows = mine.windows(min_bytes, powers)
+    while i < len(windows):
+        hits = index.get(windows[i])
+        best: tuple[int, int, int] | None = None  # (length, output, its start)
+        for n, k in reversed(hits or ()):
+            theirs = indexed[n][1].lines
+            t = 0
+            limit = min(len(own) - i, len(theirs) - k)
+            while t < limit and own[i + t] == theirs[k + t]:
+                t += 1
+            if mine.offsets[i + t] - mine.offsets[i] >= min_bytes and (
+                best is None or t > best[0]
+            ):
+                best = (t, n, k)
+        if best is not None:
+            t, n, k = best
+            e = indexed[n][0]
+            span = Span(i + 1, i + t, e.index, e.call_id, e.turn, k + 1, k + t)
+            ref = _span_line(span, where)
+            if len(ref.encode("utf-8", "surrogatepass")) + 1 < mine.offsets[i + t] - mine.offsets[i]:
+                spans.append((i, i + t, n, k))
+                i += t
+                continue
+        i += 1
+    if not spans:
+        return None
+
+    parts: list[str] = []
+    out_spans: list[Span] = []
+    at = 0
+    for start, end, n, k in spans:
+        if at < start:
+            parts.append(b"".join(own[at:start]).decode("utf-8", "surrogatepass"))
+        e = indexed[n][0]
+        span = Span(start + 1, end, e.index, e.call_id, e.turn, k + 1, k + end - start)
+        out_spans.append(span)
+        parts.append(_span_line(span, where) + "\n")
+        at = end
+    if at < len(own):
+        parts.append(b"".join(own[at:]).decode("utf-8", "surrogatepass"))
+    return Dedup("".join(parts), tuple(out_spans))
+
+
+def _split(text: str) -> list[str]:
+    pieces = text.split("\n")
+    lines = [p + "\n" for p in pieces[:-1]]
+    if pieces[-1]:
+        lines.append(pieces[-1])
+    return lines
+
+
+def expand(dedup_text: str, earlier: Sequence[Earlier]) -> str:
+    """The output a :func:`duplicate` form stands for, given the same ``earlier`` outputs
+    (those it names, at least). Raises ValueError when a reference names an output not among
+    them, or does not fit it (other lines or line numbers than it says)."""
+    by_call = {e.call_id: e for e in _unique(earlier)}
+    if dedup_text.startswith(PREFIX) and "\n" not in dedup_text:
+        m = _IDENTICAL_RE.fullmatch(dedup_text)
+        if m is not None:
+            e = by_call.get(untoken(m["call"]))
+            if e is None or _count(e.text) != int(m["n"]):
+                raise ValueError("the output it is identical to is not among the earlier ones")
+            return e.text
+    split: dict[str, list[str]] = {}
+    out: list[str] = []
+    count = 0
+    for line in _split(dedup_text):
+        if not line.startswith(PREFIX):
+            out.append(line)
+            count += 1
+            continue
+        m = _SPAN_RE.fullmatch(line.removesuffix("\n"))
+        if m is None:
+            raise ValueError(f"not a reference: {line!r}")
+        a, b, c, d = int(m["a"]), int(m["b"]), int(m["c"]), int(m["d"])
+        call = untoken(m["call"])
+        e = by_call.get(call)
+        if e is None:
+            raise ValueError(f"call {call} is not among the earlier outputs")
+        if e.call_id not in split:
+            split[e.call_id] = _split(e.text)
+        theirs = split[e.call_id]
+        if a != count + 1 or b - a != d - c or not 1 <= c <= d <= len(theirs):
+            raise ValueError(f"reference does not fit: {line!r}")
+        out.extend(theirs[c - 1:d])
+        count += b - a + 1
+    return "".join(out)
+
+
+def parse_reference(line: str) -> tuple[Span, Pointer | None] | None:
+    """A span reference line (without its ``\\n``) read back (``index`` -1), or None."""
+    m = _SPAN_RE.fullmatch(line)
+    if m is None:
+        return None
+    try:
+        span = Span(int(m["a"]), int(m["b"]), -1, untoken(m["call"]), int(m["turn"]),
+                    int(m["c"]), int(m["d"]))
+        saved = read_pointer(m, "s") if m["stool"] is not None else None
+    except ValueError:
+        return None
+    return (span, saved) if _span_line(span, saved) == line else None
