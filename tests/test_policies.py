@@ -81,3 +81,59 @@ def test_matching_is_deterministic_and_cached(name: str, arguments: str) -> None
     first = p.of_call(name, arguments)
     assert p.of_call(name, arguments) is first
     assert first is not None  # the catch-all matches everything
+
+
+# --- what the offload stage does with them ---------------------------------------------------
+
+def _offloader(tmp_path: Any, policies: list[dict[str, Any]]) -> Any:
+    from proxy.config import OffloadConfig, RetrievalConfig
+    from proxy.pipeline.offload import Offloader
+
+    config = OffloadConfig(policies=tuple(ToolPolicy(**p) for p in policies), recent_n=1)
+    return Offloader(config, RetrievalConfig(), tmp_path)
+
+
+def _session(commands: list[str], size: int) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for i, command in enumerate(commands):
+        history.append(call("Bash", {"command": command}, f"c{i}"))
+        history.append(result(f"c{i}", "".join(f"{command} line {k}\n" for k in range(size))))
+    return history
+
+
+def _view(history: list[dict[str, Any]]) -> Any:
+    from proxy.pipeline.model import RequestView
+    from proxy.session import Identity
+
+    return RequestView(model="gpt-4o", body={"messages": history},
+                       identity=Identity("t", "s", None))
+
+
+def test_a_protected_result_is_never_cut_and_budgets_apply(tmp_path: Any) -> None:
+    history = _session(["grep -rn x src", "pytest -q", "cat big.log"], 4000)  # ~90 KB each
+    off = _offloader(tmp_path, [
+        {"tool": "Bash", "command": "grep*", "protect": True},
+        {"tool": "Bash", "command": "pytest*", "offload_max_bytes": 10000},
+    ])
+    out = off.run(history, _view(history), aged_turns=0).messages
+    assert out[2] is history[2]  # grep: whole, however large
+    assert 10000 <= len(out[4]["content"].encode()) < 11000  # its own stage-1 budget
+    assert 51200 <= len(out[6]["content"].encode()) < 52000  # the default
+    aged = off.run(history, _view(history), aged_turns=2).messages
+    assert aged[2] is history[2]  # not aged either
+    assert len(aged[4]["content"].encode()) < 4000
+    # The last resort's first pass spares protected results; its 1 KB pass does not.
+    spare = off.protected(history, _view(history), aged_turns=2)
+    assert spare == frozenset({"c0"})
+    from proxy.session import Identity
+    first = off.harder(out, Identity("t", "s", None), 3000, spare).messages
+    assert first[2] is history[2]
+    last = off.harder(out, Identity("t", "s", None), 1024, frozenset()).messages
+    assert len(last[2]["content"].encode()) < 2000
+
+
+def test_an_old_budget_override(tmp_path: Any) -> None:
+    history = _session(["cat a", "cat b"], 4000)
+    off = _offloader(tmp_path, [{"tool": "Bash", "command": "cat a", "old_max_bytes": 8000}])
+    aged = off.run(history, _view(history), aged_turns=1).messages
+    assert 8000 <= len(aged[2]["content"].encode()) < 9000
