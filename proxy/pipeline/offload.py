@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from ..config import OffloadConfig, ReadTool, RetrievalConfig
+from ..config import OffloadConfig, ReadTool, RetrievalConfig, ToolPolicy
 from ..lru import LRU
 from ..session import Identity
 from ..store.paths import tool_result_file
@@ -33,6 +33,7 @@ from .epoch import ageing_epoch
 from .model import FileWrite, Message, RequestView, StageOutcome, result_text
 from .native import native, newest_compaction
 from .notice import parse_notice
+from .policies import Policies
 from .quotes import choose, working_set
 from .truncate import recut, truncate
 from .turns import RESULT_ROLES
@@ -156,14 +157,23 @@ class Offloader:
         # Quote protection's working set per session epoch (it depends on history[:seen]
         # alone): parsing every call of a long history again on each request is the cost.
         self._working: LRU[tuple[str, str, int, str], Mapping[int, str]] = LRU(4096)
+        self.policies = Policies(config.policies)
         # The smallest size any cut applies to: anything at or below it is never touched.
-        self._floor = min(config.old_max_bytes, config.recent_max_bytes) + config.slack_bytes
+        budgets = [config.old_max_bytes, config.recent_max_bytes]
+        for policy in config.policies:
+            budgets += [b for b in (policy.offload_max_bytes, policy.old_max_bytes) if b]
+        self._floor = min(budgets) + config.slack_bytes
 
     # -- budgets ---------------------------------------------------------------------------
 
-    def _budget(self, recent: bool, markdown: bool) -> int:
+    def _budget(self, recent: bool, markdown: bool, policy: ToolPolicy | None = None) -> int:
         c = self.config
-        budget = c.recent_max_bytes if recent else min(c.old_max_bytes, c.recent_max_bytes)
+        fresh = c.recent_max_bytes
+        old = c.old_max_bytes
+        if policy is not None:
+            fresh = policy.offload_max_bytes or fresh
+            old = policy.old_max_bytes or old
+        budget = fresh if recent else min(old, fresh)
         return max(budget, c.markdown_max_bytes) if markdown else budget
 
     # -- per message -----------------------------------------------------------------------
@@ -290,15 +300,19 @@ class Offloader:
         self, messages: list[Message], request: RequestView, *, aged_turns: int | None,
         seen: int | None = None, kept_from: int = 0, protect_bytes: int | None = None,
     ) -> frozenset[str]:
-        """The tool_call_ids of the reads :meth:`run` (same arguments) keeps at stage 1."""
+        """The tool_call_ids of the results :meth:`run` (same arguments) keeps at stage 1: the
+        reads quote protection keeps, and the results a ``protect`` policy never cuts."""
         texts = self._texts(messages)
         if not texts:
             return frozenset()
+        never = frozenset(
+            cid for i, p in self.policies.of_results(messages).items()
+            if p.protect and isinstance(cid := messages[i].get("tool_call_id"), str))
         reads = read_calls(messages, self.config.read_tools)
         _, spare = self._ageing(messages, request, texts, reads, aged_turns, seen, kept_from,
                                 protect_bytes)
         ids = (messages[i].get("tool_call_id") for i in spare)
-        return frozenset(cid for cid in ids if isinstance(cid, str))
+        return never | frozenset(cid for cid in ids if isinstance(cid, str))
 
     def _ageing(
         self, messages: list[Message], request: RequestView, texts: dict[int, str],
@@ -380,11 +394,15 @@ class Offloader:
         files: list[FileWrite] = []
         offloaded = saved = 0
         frozen = _frozen(messages)
+        policies = self.policies.of_results(messages)
         for i, text in texts.items():
             m = messages[i]
+            policy = policies.get(i)
+            if policy is not None and policy.protect:
+                continue  # never cut (README "Per-tool policies")
             aged = turn_of.get(i, turns) < aged_upto and i >= frozen and i not in spare
             read = reads.get(m.get("tool_call_id", ""))
-            budget = self._budget(not aged, read.markdown if read else False)
+            budget = self._budget(not aged, read.markdown if read else False, policy)
             if parse_notice(text) is not None:
                 # Already carries a notice (a client that stored our output): never offload
                 # again; stage 2 only rewrites the excerpt.

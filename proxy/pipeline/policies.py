@@ -1,0 +1,111 @@
+"""Per-tool policies (``offload.policies``): which tool results are never cut, which get other
+budgets, which are never forwarded as a delta or a reference (pure).
+
+A policy names a tool (its name, or a glob: ``mcp__*``) and, for shell tools, optionally a glob
+the call's command must match (``grep*``, ``git diff*``): the command as the model wrote it, with
+a ``cd DIR &&`` prefix and a ``bash -lc`` wrapper left out. The first policy that matches a
+result's call applies; none matching means the defaults. Shell tools are Codex's
+``exec_command`` / ``shell`` / ``local_shell_call`` / ``shell_call`` / ``container.exec``
+and Claude Code's ``Bash``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+from typing import Final
+
+import orjson
+
+from ..config import ToolPolicy
+from ..lru import LRU
+from .model import Message
+from .turns import RESULT_ROLES
+
+__all__ = ["SHELL_TOOLS", "Policies", "shell_command"]
+
+SHELL_TOOLS: Final = frozenset({"exec_command", "shell", "local_shell_call", "shell_call",
+                                "container.exec", "Bash"})
+_CD: Final = re.compile(r"^\s*cd\s+(?:\"[^\"]*\"|'[^']*'|\S+)\s*&&\s*")
+
+
+def shell_command(arguments: str) -> str | None:
+    """The command a shell call runs, as the model wrote it (None: not a shell call's
+    arguments)."""
+    try:
+        args = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    action = args.get("action")
+    if isinstance(action, dict):  # local_shell_call / shell_call items
+        args = {**args, **action}
+    for key in ("cmd", "command", "commands"):
+        value = args.get(key)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            if len(value) >= 3 and value[1] in ("-c", "-lc") and value[0].endswith("sh"):
+                value = value[2]  # ["bash", "-lc", script]
+            else:
+                value = " ".join(value) if key != "commands" else "\n".join(value)
+        if isinstance(value, str):
+            return _CD.sub("", value).strip()
+    return None
+
+
+class Policies:
+    """The configured policies, matched against calls (results are matched through the call
+    they answer). Matching is cached per call (name and arguments): a resent history costs a
+    dictionary probe per result."""
+
+    def __init__(self, policies: Sequence[ToolPolicy]) -> None:
+        self.policies = tuple(policies)
+        self._calls: LRU[tuple[str, str], ToolPolicy | None] = LRU(65536)
+
+    def of_call(self, name: str, arguments: str) -> ToolPolicy | None:
+        """The first policy matching a call of ``name`` with ``arguments``."""
+        if not self.policies:
+            return None
+        key = (name, arguments)
+        if key in self._calls:
+            return self._calls.get(key)
+        found = None
+        command: str | None = None
+        for policy in self.policies:
+            if not fnmatch.fnmatchcase(name, policy.tool):
+                continue
+            if policy.command is not None:
+                if name not in SHELL_TOOLS:
+                    continue
+                if command is None:
+                    command = shell_command(arguments) or ""
+                if not fnmatch.fnmatchcase(command, policy.command):
+                    continue
+            found = policy
+            break
+        self._calls.put(key, found)
+        return found
+
+    def of_results(self, messages: Sequence[Message]) -> dict[int, ToolPolicy]:
+        """History index of each tool result whose call a policy matches -> that policy."""
+        if not self.policies:
+            return {}
+        calls: dict[str, ToolPolicy | None] = {}
+        out: dict[int, ToolPolicy] = {}
+        for i, m in enumerate(messages):
+            role = m.get("role")
+            if role == "assistant":
+                for call in m.get("tool_calls") or ():
+                    fn = call.get("function") if isinstance(call, dict) else None
+                    if isinstance(fn, dict) and isinstance(call.get("id"), str) and isinstance(
+                            fn.get("name"), str):
+                        args = fn.get("arguments")
+                        calls[call["id"]] = self.of_call(fn["name"],
+                                                         args if isinstance(args, str) else "")
+            elif role in RESULT_ROLES:
+                cid = m.get("tool_call_id")
+                policy = calls.get(cid) if isinstance(cid, str) else None
+                if policy is not None:
+                    out[i] = policy
+        return out
