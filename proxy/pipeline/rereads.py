@@ -494,7 +494,7 @@ _HEAD_RE: Final = re.compile(
     + r"that output below)"
     + rf"(?:; the whole output: {pointer('s')})?\]"
 )
-_HUNK_RE: Final = re.compile(r"@@ -([0-9]+),([0-9]+) \+([0-9]+),([0-9]+) @@\n")
+_HUNK_RE: Final = re.compile(r"@@ -([0-9]+)(?:,([0-9]+))? \+([0-9]+)(?:,([0-9]+))? @@\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -623,14 +623,20 @@ def _line(prefix: str, line: str) -> str:
     return prefix + line if line.endswith("\n") else prefix + line + "\n" + _NO_EOL
 
 
+def _range(start: int, stop: int) -> str:
+    """A hunk side as ``diff -u`` and difflib write it: ``a,n``; ``a`` alone for one line; an
+    empty side numbered by the line before it."""
+    if stop - start == 1:
+        return str(start + 1)
+    return f"{start + 1 if stop > start else start},{stop - start}"
+
+
 def _render_hunks(a: list[str], b: list[str], groups: list[list[Opcode]]) -> str:
     out: list[str] = []
     for group in groups:
         i1, i2 = group[0][1], group[-1][2]
         j1, j2 = group[0][3], group[-1][4]
-        # GNU's convention: an empty side is numbered by the line before it.
-        out.append(f"@@ -{i1 + 1 if i2 > i1 else i1},{i2 - i1} "
-                   f"+{j1 + 1 if j2 > j1 else j1},{j2 - j1} @@\n")
+        out.append(f"@@ -{_range(i1, i2)} +{_range(j1, j2)} @@\n")
         for tag, x1, x2, y1, y2 in group:
             if tag == "equal":
                 out.extend(_line(" ", line) for line in a[x1:x2])
@@ -685,8 +691,8 @@ def apply_delta(old: str, delta: str) -> str:
         if h is None:
             raise ValueError(f"expected a hunk header, got {body[k]!r}")
         k += 1
-        start = int(h[1]) - 1 if int(h[2]) else int(h[1])
-        old_n, new_n = int(h[2]), int(h[4])
+        old_n, new_n = int(h[2] or 1), int(h[4] or 1)
+        start = int(h[1]) - 1 if old_n else int(h[1])
         if start < at or start > len(a):
             raise ValueError("hunks out of order")
         out.extend(a[at:start])
