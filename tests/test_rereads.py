@@ -559,18 +559,23 @@ PIECES = ["a", "word ", "é", "中文", "😀", "\n", "\r\n", "\r", "\n\n", "\x8
           "[ctxproxy: unchanged since the read in turn 1 (call c): p, the same 1 lines]"]
 texts = st.one_of(st.text(max_size=200), st.lists(st.sampled_from(PIECES), max_size=40)
                   .map("".join), st.just(""))
+# Few distinct lines: the repeats where a diff's alignment can go wrong.
+# One line repeated, more or fewer times: the common head and tail overlap.
+runs = st.builds(lambda a, b, end: ("x\n" * a + end, "x\n" * b + end), st.integers(0, 6),
+                 st.integers(0, 6), st.sampled_from(["", "x", "y\n"]))
+repetitive = st.lists(st.sampled_from(["a\n", "b\n", "\n", "a"]), max_size=30).map("".join)
 
 
 @st.composite
 def edits_of(draw: st.DrawFn) -> tuple[str, str]:
     """An old output and a new one made from it by a few line edits (so diffs are small)."""
-    old = draw(texts)
+    old = draw(st.one_of(texts, repetitive))
     lines = old.split("\n")
     for _ in range(draw(st.integers(0, 4))):
         at = draw(st.integers(0, len(lines)))
         op = draw(st.sampled_from(["insert", "delete", "change"]))
         if op == "insert":
-            lines.insert(at, draw(texts).replace("\n", ""))
+            lines.insert(at, draw(st.sampled_from(["a", "b", ""]) | texts).replace("\n", ""))
         elif lines and at < len(lines):
             if op == "delete":
                 del lines[at]
@@ -585,10 +590,13 @@ tokens = st.one_of(st.text(max_size=20), st.sampled_from(
 
 
 @FAST
-@given(st.one_of(edits_of(), st.tuples(texts, texts)), tokens, tokens,
+@given(st.one_of(edits_of(), st.tuples(texts, texts), st.tuples(repetitive, repetitive),
+                 runs),
+       tokens, tokens,
        st.integers(0, 10**6), st.one_of(st.none(), tokens),
        st.sampled_from([DELTA_MAX_RATIO, 100.0]))
 @example(("a\nb\n", "a\nb"), "/p", "c", 1, None, 100.0)
+@example(("a\na\n", "a\na\na\n"), "/p", "c", 1, None, 100.0)
 @example(("a", "a\r\nb"), "/p", "c", 1, None, 100.0)
 @example(("", "x"), "/p", "c", 1, None, 100.0)
 def test_delta_properties(pair: tuple[str, str], path: str, call: str, turn: int,

@@ -10,39 +10,44 @@ becomes one line, ``[ctxproxy: lines A-B here repeat lines C-D of the output of 
 N; this copy: read_offloaded file_path=... start_line=A]``. :func:`expand` gives the output
 back from that form and the same earlier outputs, byte for byte.
 
-How: the lines (split at ``\\n``, each keeping its ``\\n``) of every earlier output are
-indexed by a rolling hash of their *windows*, a window being the fewest lines from a position
-that hold ``min_bytes`` (so any repeat of at least ``min_bytes`` starting at a line begins with
-a whole window, identical on both sides); the new output's windows are looked up left to
-right, each hit checked line by line and extended as far as it goes; the longest wins
-(ties: the newest output, then its latest position), the scan resumes after it. Line hashes
-are CRC-32s: deterministic across processes (Python's ``hash`` is salted per process, and
-every replica must forward the same bytes); a collision costs a comparison, never a wrong
-reference.
+How: a *window* is the fewest whole lines (split at ``\\n``, each keeping its ``\\n``) from a
+position that hold ``min_bytes``, so any repeat of at least ``min_bytes`` starting at a line
+begins with a whole window, identical on both sides. The new output's windows are hashed
+(a rolling hash of the lines' CRC-32s); every earlier output sharing a line with it has its
+windows hashed too and the positions whose window the new output has are kept; the new
+output is then scanned left to right, each hit checked line by line and extended as far as
+it goes, the longest kept (ties: the newest output, then its latest position), and the scan
+resumes after it. CRC-32, not Python's ``hash``: that is salted per process, and every
+replica must forward the same bytes; a collision costs a comparison, never a wrong reference.
 
-Limits (both keep the cost linear in the bytes looked at): only the newest earlier outputs
-totalling at most ``budget_bytes`` (8 MiB by default, twice the text of a million-token
-window: everything a context can hold) are indexed, and each window keeps the
-:data:`CANDIDATES` newest positions it occurs at (a log repeating one block thousands of
-times is matched against four of them, not all). The whole-output check looks at every
-earlier output (a length comparison each).
+Limits (both keep the cost linear in the bytes looked at: about 0.1 s for 6 MB of earlier
+outputs sharing lines with the new one, a few ms when they share none): only the newest
+earlier outputs totalling at most ``budget_bytes`` are looked at (:data:`BUDGET_BYTES`,
+4 MiB: the text of a million-token window, more than any context holds), and each window
+keeps :data:`CANDIDATES` of the positions it occurs at, the first two and the newest two (a
+log repeating one block thousands of times is matched against four of them, not all: the
+first ones let a long aligned repeat be found whole, the newest name the output most likely
+still in the context). The whole-output check looks at every earlier output (a length
+comparison each).
 """
 
 from __future__ import annotations
 
 import re
 import zlib
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Final, NamedTuple
 
 from .markers import PREFIX, TOKEN, Pointer, as_pointer, pointer, read_pointer, token, untoken
 
 __all__ = ["BUDGET_BYTES", "CANDIDATES", "Dedup", "Earlier", "Span", "duplicate", "expand"]
 
-#: The newest earlier outputs indexed, in UTF-8 bytes.
-BUDGET_BYTES: Final = 8 * 1024 * 1024
-#: Positions kept per window hash (the newest).
+#: The newest earlier outputs looked at, in UTF-8 bytes.
+BUDGET_BYTES: Final = 4 * 1024 * 1024
+#: Positions kept per window hash: the first half and the newest half of those it occurs at.
 CANDIDATES: Final = 4
 
 _MOD: Final = (1 << 61) - 1
@@ -123,7 +128,8 @@ def _count(text: str) -> int:
 
 class _Lines:
     """A text's lines as UTF-8 bytes (each keeping its ``\\n``), their start offsets and the
-    prefix hashes of their CRC-32s."""
+    prefix hashes of their CRC-32s (the per-line work is C-level where it can be: this runs
+    over every earlier output on every call)."""
 
     __slots__ = ("lines", "offsets", "prefix")
 
@@ -133,40 +139,32 @@ class _Lines:
         if pieces[-1]:
             lines.append(pieces[-1])
         self.lines = lines
-        offsets = [0]
+        self.offsets = list(accumulate(map(len, lines), initial=0))
         prefix = [0]
-        at = h = 0
-        for line in lines:
-            at += len(line)
-            offsets.append(at)
-            h = (h * _BASE + (zlib.crc32(line) | len(line) << 32)) % _MOD
+        h = 0
+        for key in map(zlib.crc32, lines):
+            h = (h * _BASE + key) % _MOD
             prefix.append(h)
-        self.offsets = offsets
         self.prefix = prefix
 
     def windows(self, min_bytes: int, powers: list[int]) -> list[tuple[int, int]]:
         """(hash, line count) of the window at every line a window starts at (the fewest
-        lines from there holding ``min_bytes``), in line order; a line too close to the end
-        has none (the list stops there)."""
-        out: list[tuple[int, int]] = []
+        lines from there holding ``min_bytes``), in line order; the lines too close to the
+        end have none (the list stops there)."""
         off, pre = self.offsets, self.prefix
-        n = len(self.lines)
-        end = 0
-        for k in range(n):
-            end = max(end, k + 1)
-            while end <= n and off[end] - off[k] < min_bytes:
-                end += 1
-            if end > n:
-                break
-            width = end - k
-            out.append(((pre[end] - pre[k] * _power(powers, width)) % _MOD, width))
-        return out
+        starts = min(bisect_right(off, off[-1] - min_bytes), len(self.lines))
+        ends = [bisect_left(off, o + min_bytes) for o in off[:starts]]
+        if not ends:
+            return []
+        pw = _powers(powers, max(e - k for k, e in enumerate(ends)))
+        return [((pre[e] - pre[k] * pw[e - k]) % _MOD, e - k) for k, e in enumerate(ends)]
 
 
-def _power(powers: list[int], n: int) -> int:
+def _powers(powers: list[int], n: int) -> list[int]:
+    """``powers`` (of the hash base, from 1) grown to hold index ``n``."""
     while len(powers) <= n:
         powers.append(powers[-1] * _BASE % _MOD)
-    return powers[n]
+    return powers
 
 
 def _unique(earlier: Sequence[Earlier]) -> list[Earlier]:
@@ -210,6 +208,17 @@ def duplicate(
                 return Dedup(line, (), e)
             break
 
+    powers = [1]
+    mine = _Lines(data)
+    own = mine.lines
+    windows = mine.windows(min_bytes, powers)
+    wanted = set(windows)
+    if not wanted:
+        return None
+    pieces = data.split(b"\n")
+    if not pieces[-1]:
+        pieces.pop()  # the end of the text, not an empty line
+    shown = set(pieces)
     indexed: list[tuple[Earlier, _Lines]] = []
     spent = 0
     for e in reversed(outputs):
@@ -219,30 +228,24 @@ def duplicate(
         spent += len(body)
         if spent > budget_bytes:
             break
-        indexed.append((e, _Lines(body)))
-    if not indexed:
-        return None
-    indexed.reverse()  # history order: newer positions overwrite older candidates
+        if not shown.isdisjoint(body.split(b"\n")):  # no line in common: no span either
+            indexed.append((e, _Lines(body)))
+    indexed.reverse()  # history order: the newest positions come last
 
-    powers = [1]
+    # Only the windows the text has are looked up at all, so probing is a set test per line.
     index: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for n, (_, lines) in enumerate(indexed):
-        for k, key in enumerate(lines.windows(min_bytes, powers)):
-            found = index.get(key)
-            if found is None:
-                index[key] = [(n, k)]
-            else:
-                found.append((n, k))
-                if len(found) > CANDIDATES:
-                    del found[0]
+        theirs = lines.windows(min_bytes, powers)
+        for k in [k for k, w in enumerate(theirs) if w in wanted]:
+            found = index.setdefault(theirs[k], [])
+            if len(found) == CANDIDATES:
+                del found[CANDIDATES // 2]
+            found.append((n, k))
     if not index:
         return None
 
-    mine = _Lines(data)
-    own = mine.lines
     spans: list[tuple[int, int, int, int]] = []  # (start, end excl., output, its start)
     i = 0
-    windows = mine.windows(min_bytes, powers)
     while i < len(windows):
         hits = index.get(windows[i])
         best: tuple[int, int, int] | None = None  # (length, output, its start)
