@@ -324,7 +324,9 @@ def test_parse_marker_rejects_near_misses() -> None:
                      (("file_path", "/a.py"),))
     good = marker(s, saved=None)
     for bad in (good[:-1], good + "\n", " " + good, good.replace("turn 3", "turn x"),
-                good.replace("superseded by", "replaced by"), "", "[ctxproxy: ]"):
+                good.replace("superseded by", "replaced by"), "", "[ctxproxy: ]",
+                good.replace("of /a.py", 'of "/a.py"'),  # quoted when it need not be
+                good.replace("turn 3", "turn 03")):
         assert parse_marker(bad) is None
 
 
@@ -477,6 +479,38 @@ def test_reread_skips_multi_file_results() -> None:
             [FileRead("", "", "/a.py"), FileRead("", "", "/b.py")]))
     new = s.turn(("exec_command", {"cmd": "cat /a.py"}, "A\n", [FileRead("", "", "/a.py")]))
     assert reread(s.history, s.prov, s.index(new[0]), forwarded_whole=lambda j: True) is None
+    # Nor is a new result showing two files a re-read of one.
+    both = s.turn(("exec_command", {"cmd": "cat /a.py /b.py"}, "A\nB\n",
+                   [FileRead("", "", "/a.py"), FileRead("", "", "/b.py")]))
+    assert reread(s.history, s.prov, s.index(both[0]), forwarded_whole=lambda j: True) is None
+
+
+def test_parallel_calls_run_in_their_order() -> None:
+    s = Session()
+    read_then_edit = s.turn(("Read", {"file_path": "/a.py"}, numbered(SRC),
+                             [FileRead("", "", "/a.py")]),
+                            ("Edit", {"file_path": "/a.py"}, "ok",
+                             [FileEdit("", "", "/a.py", "edit")]))
+    s.read("/a.py", "x", LineRange(1, 1))
+    got = superseded(s.history, s.prov, len(s.history))
+    assert got[s.index(read_then_edit[0])].by_call == read_then_edit[1]
+    t = Session()
+    edit_then_read = t.turn(("Edit", {"file_path": "/a.py"}, "ok",
+                             [FileEdit("", "", "/a.py", "edit")]),
+                            ("Read", {"file_path": "/a.py"}, numbered(SRC),
+                             [FileRead("", "", "/a.py")]))
+    t.read("/a.py", "x", LineRange(1, 1))
+    assert superseded(t.history, t.prov, len(t.history)) == {}
+    assert edit_then_read
+
+
+def test_long_arguments_are_left_out_of_the_marker() -> None:
+    s = Session()
+    first = s.read("/a.py", numbered(SRC), args={"file_path": "/a.py", "note": "n" * 301,
+                                                  "limit": 40})
+    s.read("/a.py", numbered(SRC))
+    m = superseded(s.history, s.prov, len(s.history))[s.index(first)]
+    assert m.again_args == (("file_path", "/a.py"), ("limit", "40"))
 
 
 @FAST

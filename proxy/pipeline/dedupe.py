@@ -39,7 +39,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Final, NamedTuple
+from typing import Final
 
 from .markers import PREFIX, TOKEN, Pointer, as_pointer, pointer, read_pointer, token, untoken
 
@@ -54,7 +54,8 @@ _MOD: Final = (1 << 61) - 1
 _BASE: Final = 1_000_003
 
 
-class Earlier(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Earlier:
     """A tool output forwarded whole earlier in the session: the history index of its result,
     its call, the turn of that call (the assistant message's number, from 1), its text."""
 
@@ -235,9 +236,9 @@ def duplicate(
     # Only the windows the text has are looked up at all, so probing is a set test per line.
     index: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for n, (_, lines) in enumerate(indexed):
-        theirs = lines.windows(min_bytes, powers)
-        for k in [k for k, w in enumerate(theirs) if w in wanted]:
-            found = index.setdefault(theirs[k], [])
+        keys = lines.windows(min_bytes, powers)
+        for k in [k for k, w in enumerate(keys) if w in wanted]:
+            found = index.setdefault(keys[k], [])
             if len(found) == CANDIDATES:
                 del found[CANDIDATES // 2]
             found.append((n, k))

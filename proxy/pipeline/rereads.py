@@ -291,17 +291,17 @@ def superseded(
             continue
         change = max(edits, key=lambda kc: kc[0], default=None)
         again_tool, again_args = _again(history, r)
-        common = {"tool": r.tool, "path": r.path, "lines": r.lines, "again_tool": again_tool,
-                  "again_args": again_args, "index": i, "call_id": r.call_id}
         if covering is not None and (change is None or covering[0] > change[0]):
             by = covering[1]
-            out[i] = Supersession(by_kind="read", by_tool=by.tool, by_call=by.call_id,
-                                  by_turn=_turn(turns, by.call_index), **common)
+            why: tuple[Any, str, str, int] = ("read", by.tool, by.call_id, by.call_index)
         else:
             assert change is not None
             c = change[1]
-            out[i] = Supersession(by_kind=c.kind, by_tool=c.edit.tool, by_call=c.edit.call_id,
-                                  by_turn=_turn(turns, c.edit.call_index), **common)
+            why = (c.kind, c.edit.tool, c.edit.call_id, c.edit.call_index)
+        out[i] = Supersession(tool=r.tool, path=r.path, lines=r.lines, by_kind=why[0],
+                              by_tool=why[1], by_call=why[2], by_turn=_turn(turns, why[3]),
+                              again_tool=again_tool, again_args=again_args, index=i,
+                              call_id=r.call_id)
     return out
 
 
@@ -488,7 +488,7 @@ _CHANGED: Final = ("changed since the read in turn {turn} (call {call}): {path},
 _WHOLE: Final = "; the whole output: {saved}"
 _HEAD_RE: Final = re.compile(
     re.escape(PREFIX)
-    + rf"(?P<what>unchanged|changed) since the read in turn (?P<turn>[0-9]+) "
+    + r"(?P<what>unchanged|changed) since the read in turn (?P<turn>[0-9]+) "
     + rf"\(call (?P<call>{TOKEN})\): (?P<path>{TOKEN}), "
     + r"(?:the same (?P<same>[0-9]+) lines|(?P<now>[0-9]+) lines now; unified diff against "
     + r"that output below)"
