@@ -144,7 +144,8 @@ def cli_session(client: str, setting: str) -> Figures:
     if not session.finished:
         figures.note = f"the session did not finish (exit {session.returncode})"
     edits = [e for e in session.edits if session.plan[e.step].kind == "edit"]
-    figures.edits = (f"{sum(e.landed for e in session.edits)}/{len(session.edits)} landed, "
+    figures.edits = (f"{sum(e.landed for e in session.edits)}/{len(session.edits)} edits and "
+                     "writes landed, "
                      f"{sum(e.refused for e in session.edits)} refused, "
                      f"{sum(e.forced_reread for e in edits)} forced re-reads, "
                      f"{sum(e.blind for e in edits)} blind")
