@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from proxy.config import OffloadConfig
+from proxy.pipeline.notice import parse_notice
 from proxy.testing.claude_code import claude_binary
 from proxy.testing.codex import codex_binary
 from proxy.testing.fake_upstream import FakeUpstream
@@ -37,6 +38,7 @@ SHELL_TOOLS = {"claude": "Bash", "codex": "exec_command"}
 BUDGETED = "python3 tools/inventory.py"
 PROTECTED = "--collect-only"
 BUDGET = 1024
+OFF = {"supersede_reads": False, "reread_deltas": False, "dedupe": False}
 
 
 def policies() -> list[dict[str, Any]]:
@@ -49,23 +51,36 @@ def policies() -> list[dict[str, Any]]:
     return out
 
 
-@pytest.fixture(scope="module", params=["claude", "codex"])
-def session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-            ) -> Iterator[FileSession]:
-    """One session per client (the file-aware switches at their defaults), read by every test
-    below; its own fake, so the suite's shared one is not reset under it."""
-    client = request.param
+def play(client: str, data_dir: Path, offload: dict[str, Any]) -> FileSession:
+    """One session of ``client`` through a proxy with ``offload`` settings, in front of its own
+    fake (the suite's shared one is reset per test)."""
     binary = BINARIES[client]
     if binary is None:
         pytest.skip(f"{client} CLI is not installed (npm ci installs it)")
     fake = FakeUpstream()
     with serve_in_thread(fake) as upstream:
-        config = session_config(tmp_path_factory.mktemp(client) / "data", upstream.url,
-                                {"offload": {"policies": policies()}})
+        config = session_config(data_dir, upstream.url, {"offload": offload})
         run = run_claude_session if client == "claude" else run_codex_session
         done = run(binary, config, fake, timeout_s=240)
         assert fake.refused == []  # nothing the provider would refuse was forwarded
-    yield done
+    return done
+
+
+@pytest.fixture(scope="module", params=["claude", "codex"])
+def session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[FileSession]:
+    """One session per client, the file-aware switches at their defaults and the policies
+    above, read by every test below."""
+    client = request.param
+    yield play(client, tmp_path_factory.mktemp(client) / "data", {"policies": policies()})
+
+
+@pytest.fixture(scope="module", params=["claude", "codex"])
+def session_off(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                ) -> Iterator[FileSession]:
+    """The same session with the three file-aware switches off."""
+    client = request.param
+    yield play(client, tmp_path_factory.mktemp(client + "-off") / "data", OFF)
 
 
 def step_of(session: FileSession, command: str) -> list[int]:
@@ -117,6 +132,21 @@ def test_a_protected_commands_repeat_is_forwarded_whole(session: FileSession) ->
     assert protected
     for d in protected:
         assert d.forwarded == d.sent
+
+
+def test_with_the_switches_off_ctxproxy_slims_as_before(session_off: FileSession) -> None:
+    """``supersede_reads``, ``reread_deltas`` and ``dedupe`` off: re-reads and repeated outputs
+    go as the client sent them, a superseded read whole or as stage 2 cut it (a notice), and
+    every edit still lands."""
+    session = session_off
+    assert session.finished, session.stderr[-3000:]
+    assert all(e.landed and not e.refused for e in session.edits)
+    rereads, dups, superseded = session.rereads(), session.duplicates(), session.superseded()
+    assert rereads and dups and superseded
+    assert [r.step for r in rereads if r.forwarded != r.sent] == []
+    assert [d.step for d in dups if d.forwarded != d.sent] == []
+    assert [s.step for s in superseded
+            if s.forwarded != s.sent and parse_notice(s.forwarded) is None] == []
 
 
 # --- what the file-aware rules promise (issue 22) ---------------------------------------------
