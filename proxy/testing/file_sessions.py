@@ -211,6 +211,7 @@ class Step:
     quote: str = ""  # an edit's target line's text, as the file holds it
     command: str = ""
     content: str = ""  # a write's new text
+    new_file: bool = False  # a write creating the file (Codex: apply_patch's Add File)
     repeats: int | None = None
     note: str = ""
 
@@ -288,7 +289,7 @@ def build_plan(files: Mapping[str, str]) -> list[Step]:
     r_heap = read("heap.py")
     edit("heap.py", 300, "the contract fix")
     t2 = shell(tests, repeats=t1, note="the test log again: contract PASSED")
-    add(Step("write", "src/notes.py", content=NOTES, note="a new file"))
+    add(Step("write", "src/notes.py", content=NOTES, new_file=True, note="a new file"))
     r_cal = read("cal.py", via="nl")
     read("cal.py", via="nl", repeats=r_cal, note="re-read, unchanged")
     read("sched_.py", 20, 80, note="a range")
@@ -504,7 +505,7 @@ class PlanModel:
                 call = {"name": "Bash", "id": cid, "arguments": {
                     "command": step.command, "description": step.note or "run it"}}
             return Reply(content=None, reasoning=why, tool_calls=[call])
-        if step.kind == "write" and not (self.workdir / step.path).exists():
+        if step.kind == "write" and step.new_file:
             patch = "".join(f"+{ln}\n" for ln in step.content.splitlines())
             return Reply(content=None, reasoning=why, tool_calls=[{
                 "name": "apply_patch", "type": "custom", "id": cid,
