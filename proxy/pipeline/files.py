@@ -61,6 +61,7 @@ __all__ = [
     "provenance",
     "same_file",
     "shell_reads",
+    "shell_script",
     "tool_path",
 ]
 
@@ -507,9 +508,10 @@ class _Stage:
     outputs: list[tuple[str, str, bool]] = field(default_factory=list)  # op, target, stdout
 
 
-def _shell_call(key: str, args: Mapping[str, Any]) -> tuple[list[_Read], list[_Change]]:
-    """A shell call's script (a string, ``commands`` lines, an argv: ``bash -lc <script>``
-    unwrapped, ``["apply_patch", patch]``) and its working directory."""
+def shell_script(args: Mapping[str, Any], key: str = "") -> tuple[str | None, str | None]:
+    """A shell call's script and working directory: ``command``/``cmd``/``script`` as a string,
+    ``commands`` lines (and a ``shell_call`` item's argv) one per line, an argv with ``bash -lc
+    <script>`` unwrapped, any other argv as a command line. ``key``: the tool's name."""
     action = args.get("action")
     if isinstance(action, Mapping):  # local_shell_call / shell_call items
         args = {**args, **action}
@@ -521,14 +523,26 @@ def _shell_call(key: str, args: Mapping[str, Any]) -> tuple[list[_Read], list[_C
         argv = [str(v) for v in value]
         if key == "shell_call" or name == "commands":
             value = "\n".join(argv)
-        elif posixpath.basename(argv[0]) == "apply_patch" and len(argv) == 2:
-            return [], _based(_patch_changes(argv[1]), cwd)
         elif (posixpath.basename(argv[0]) in _SHELL_BINARIES and len(argv) >= 3
               and argv[-2] in _SCRIPT_FLAGS):
             value = argv[-1]
         else:
             value = shlex.join(argv)
-    return _script(value, cwd) if isinstance(value, str) else ([], [])
+    return (value if isinstance(value, str) else None), cwd
+
+
+def _shell_call(key: str, args: Mapping[str, Any]) -> tuple[list[_Read], list[_Change]]:
+    """A shell call's reads and changes (``["apply_patch", patch]`` is a patch)."""
+    action = args.get("action")
+    merged = {**args, **action} if isinstance(action, Mapping) else args
+    argv = next((merged[k] for k in ("command", "cmd") if isinstance(merged.get(k), list)), None)
+    if (argv and len(argv) == 2 and all(isinstance(v, str) for v in argv)
+            and posixpath.basename(argv[0]) == "apply_patch"):
+        cwd = next((v for k in ("workdir", "working_directory", "cwd")
+                    if isinstance(v := merged.get(k), str) and v), None)
+        return [], _based(_patch_changes(argv[1]), cwd)
+    script, cwd = shell_script(args, key)
+    return _script(script, cwd) if script is not None else ([], [])
 
 
 def _based(changes: list[_Change], cwd: str | None) -> list[_Change]:
