@@ -245,7 +245,8 @@ class OffloadConfig(_Section):
     read_tools: dict[str, ReadTool] = Field(
         default_factory=_default_read_tools,
         description="The client's own file-reading tools (name -> argument names): their cut "
-        "results point back to that tool and the original path instead of a proxy file.",
+        "results point back to that tool and the original path instead of a proxy file, and "
+        "their calls are file reads (Read and read_file are, listed or not).",
     )
     supersede_reads: bool = Field(
         True, description="At a compaction, a file read superseded by a later read of the same "

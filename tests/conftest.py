@@ -51,6 +51,7 @@ ONE_WORKER_MODULES = {
     "tests/test_scale_out.py": "scale-out",
     "tests/test_preserved_thinking.py": "postgres",
     "tests/test_claude_code.py": "claude-code",  # the nine-file session: one run, two tests
+    "tests/test_file_sessions.py": "file-sessions",  # one session per client, read by each test
 }
 
 

@@ -6,6 +6,7 @@ import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -13,7 +14,18 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.pipeline.files import WHOLE, FileEdit, FileRead, LineRange, Provenance, same_file
+from proxy.config import config_from_mapping
+from proxy.formats.messages import MESSAGES
+from proxy.formats.responses import RESPONSES
+from proxy.pipeline.files import (
+    WHOLE,
+    FileEdit,
+    FileRead,
+    LineRange,
+    Provenance,
+    provenance,
+    same_file,
+)
 from proxy.pipeline.markers import Pointer
 from proxy.pipeline.notice import utf8_len
 from proxy.pipeline.rereads import (
@@ -84,8 +96,9 @@ class Session:
                 args |= {"offset": lines.start, "limit": lines.end - lines.start + 1}
         return self.turn((tool, args, output, [FileRead("", tool, path, lines)]))[0]
 
-    def edit(self, path: str, *quotes: str, kind: Literal["write", "edit", "delete", "move"]
-             = "edit", tool: str = "Edit", to: str | None = None) -> str:
+    def edit(self, path: str, *quotes: str,
+             kind: Literal["write", "edit", "delete", "move", "touch"] = "edit",
+             tool: str = "Edit", to: str | None = None) -> str:
         args = {"file_path": path, "old_string": quotes[0] if quotes else "", "new_string": "x"}
         return self.turn((tool, args, "ok", [FileEdit("", tool, path, kind, quotes=quotes,
                                                       to=to)]))[0]
@@ -248,14 +261,23 @@ def test_relative_and_moved_paths() -> None:
     t = Session()
     src = t.read("/a.py", numbered(SRC))
     dst = t.read("/b.py", numbered(SRC))
-    mv = t.turn(("Bash", {"command": "mv /c.py /b.py && mv /a.py /z.py"}, "",
-                 [FileEdit("", "", "/a.py", "move", to="/z.py"),
-                  FileEdit("", "", "/c.py", "move", to="/b.py")]))[0]
+    mv = t.turn(("Bash", {"command": "mv /c.py /b.py && mv /a.py /z.py && touch /a.py"}, "",
+                 [FileEdit("", "", "/c.py", "move", to="/b.py"),
+                  FileEdit("", "", "/b.py", "write"),  # a move's destination: its own entry
+                  FileEdit("", "", "/a.py", "move", to="/z.py"),
+                  FileEdit("", "", "/z.py", "write"),
+                  FileEdit("", "", "/a.py", "touch")]))[0]
     t.read("/a.py", "x", LineRange(1, 1))
     t.read("/b.py", "x", LineRange(1, 1))
     got = superseded(t.history, t.prov, len(t.history))
     assert got[t.index(src)].by_kind == "move" and got[t.index(src)].by_call == mv
     assert got[t.index(dst)].by_kind == "write"
+    # A touch alone changes no file that was read.
+    u = Session()
+    u.read("/a.py", numbered(SRC))
+    u.turn(("Bash", {"command": "touch /a.py"}, "", [FileEdit("", "", "/a.py", "touch")]))
+    u.read("/a.py", "x", LineRange(1, 1))
+    assert superseded(u.history, u.prov, len(u.history)) == {}
 
 
 def test_turns_count_assistant_messages() -> None:
@@ -351,11 +373,15 @@ def sessions(draw: st.DrawFn) -> tuple[Session, int]:
             s.read(path, body, draw(st.sampled_from(RANGES)),
                    tool=draw(st.sampled_from(["Read", "view"])))
         elif op == "edit":
-            kind = draw(st.sampled_from(["edit", "write", "delete", "move"]))
+            kind = draw(st.sampled_from(["edit", "write", "delete", "move", "touch"]))
             quotes = tuple(draw(st.lists(st.sampled_from(WORDS + ["", "beta\ngamma\n"]),
                                          max_size=2)))
-            s.edit(path, *quotes, kind=kind,
-                   to=draw(st.sampled_from(PATHS)) if kind == "move" else None)
+            if kind == "move":  # as the parser gives it: the destination's own entry follows
+                to = draw(st.sampled_from(PATHS))
+                s.turn(("Bash", {"command": f"mv {path} {to}"}, "",
+                        [FileEdit("", "", path, "move", to=to), FileEdit("", "", to, "write")]))
+            else:
+                s.edit(path, *quotes, kind=kind)
         elif op == "multi":
             other = draw(st.sampled_from(PATHS))
             s.turn(("exec_command", {"cmd": f"cat {path} {other}"}, body,
@@ -390,10 +416,8 @@ def _oracle(s: Session, seen: int) -> dict[int, str]:
         later = [x for x in reads if _order(s, x.call_id) > at and same_file(x.path, r.path)]
         if not later:
             continue
-        changes = [(e, e.kind) for e in edits
-                   if _order(s, e.call_id) > at and same_file(e.path, r.path)]
-        changes += [(e, "write") for e in edits if e.kind == "move" and e.to
-                    and _order(s, e.call_id) > at and same_file(e.to, r.path)]
+        changes = [(e, e.kind) for e in edits if e.kind != "touch"
+                   and _order(s, e.call_id) > at and same_file(e.path, r.path)]
         text = s.history[r.result_index]["content"]
         plain = re.sub(r"^ *[0-9]+\t", "", text, flags=re.M)
         if any(q and (q in text or q in plain) for e, _ in changes for q in e.quotes):
@@ -689,3 +713,92 @@ def test_markers_parse_back(tool: str, path: str, lines: LineRange, by_kind: Any
         want = replace(want, line_arg="start_line")  # not written without a line
     assert parse_marker(text) == (replace(s, index=-1, call_id=""), want)
     assert parse_delta(text) is None
+
+
+# -- through the real parser, on calls recorded from the real CLIs ------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "provenance"
+TOOLS = config_from_mapping({}).offload.read_tools
+
+
+def test_claude_code_recorded_session() -> None:
+    """Claude Code 2.1.332: Read app.py whole, Read lines 3-4, Read notes.txt from line 4,
+    Edit app.py twice (quoting what both app.py reads show), Bash reads and shell edits
+    (``>> notes.txt``, ``sed -i``), a notebook."""
+    rec = orjson.loads((FIXTURES / "claude_code.json").read_bytes())
+    history = MESSAGES.parse(orjson.dumps(rec["body"]), 10_000).history
+    prov = provenance(history, TOOLS)
+    got = superseded(history, prov, len(history))
+    # Both app.py reads hold text the Edits quote (cat -n numbers stripped): verbatim. The
+    # notes.txt read was changed by Bash since and read again after: stale.
+    assert {m.call_id: m.kind for m in got.values()} == {"toolu_rec_2": "stale"}
+    m = next(iter(got.values()))
+    assert (m.by_kind, m.by_tool, m.by_call) == ("edit", "Bash", "toolu_rec_8")
+    assert m.by_turn == turn_of(history, next(
+        i for i, x in enumerate(history) if x.get("tool_calls")
+        and x["tool_calls"][0]["id"] == "toolu_rec_8"))
+    w = rec["workdir"]
+    assert marker(m, saved="tool_result/n.txt") == (
+        f"[ctxproxy: Read of {w}/notes.txt from line 4 stale: the file was edited by Bash in "
+        f"turn 9 (call toolu_rec_8): read it again with Read file_path={w}/notes.txt offset=4, "
+        "or read_offloaded file_path=tool_result/n.txt for this output]")
+    # Decided before the Edits: the whole read is superseded by nothing and quoted by none
+    # yet; before the notes.txt change, nothing is stale.
+    before = next(i for i, x in enumerate(history) if x.get("tool_calls")
+                  and x["tool_calls"][0]["id"] == "toolu_rec_8")
+    assert superseded(history, provenance(history[:before], TOOLS), before) == {}
+    # Re-reads: none repeats an earlier range.
+    assert all(reread(history, prov, r.result_index, forwarded_whole=lambda j: True) is None
+               for r in prov.reads if r.result_index is not None)
+
+
+def test_codex_recorded_session() -> None:
+    """Codex 0.171.0: sed -n '2,4p' src/app.py (no workdir), nl -ba | sed -n '1,3p' (workdir),
+    a cat/head/tail chain, then apply_patch (custom tool and heredoc) and shell edits."""
+    rec = orjson.loads((FIXTURES / "codex.json").read_bytes())
+    history = RESPONSES.parse(orjson.dumps(rec["body"]), 10_000).history
+    prov = provenance(history, TOOLS)
+    got = superseded(history, prov, len(history))
+    # Lines 2-4 hold the patch's quoted "    return 2": verbatim; lines 1-3 do not, and the
+    # patch changed the file: stale, to be read again with a plain sed.
+    w = rec["workdir"]
+    assert {m.call_id: (m.kind, m.by_call, m.by_tool) for m in got.values()} == {
+        "call_rec_1": ("stale", "call_rec_3", "apply_patch")}
+    m = next(iter(got.values()))
+    assert (m.again_tool, m.again_args) == (
+        "exec_command", (("cmd", f"sed -n '1,3p' {w}/src/app.py"),))
+    assert parse_marker(marker(m, saved=None)) == (replace(m, index=-1, call_id=""), None)
+
+
+def test_rereads_through_the_parser() -> None:
+    """Claude Code reading one file three times, editing it between the second and third."""
+    src = "".join(f"{i}\t{line}\n" for i, line in enumerate(SRC, 1))
+    changed = src.replace("function_20(", "function_twenty(")
+    s = Session()
+    a = s.read("/repo/app.py", src)
+    b = s.read("/repo/app.py", src)
+    s.edit("/repo/app.py", "def function_20(x)")
+    c = s.read("/repo/app.py", changed)
+    prov = provenance(s.history, TOOLS)
+    assert [(r.call_id, r.result_index) for r in prov.reads] == [
+        (x, s.index(x)) for x in (a, b, c)]
+    whole = {s.index(a)}  # b went out as a delta against a
+    rb = reread(s.history, prov, s.index(b), forwarded_whole=lambda j: j in whole)
+    assert rb is not None and rb.base.call_id == a and rb.base_turn == 1
+    assert delta_text(src, src, path="/repo/app.py", base_call=a, base_turn=1,
+                      saved=None) is not None
+    rc = reread(s.history, prov, s.index(c), forwarded_whole=lambda j: j in whole)
+    assert rc is not None and rc.base.call_id == a
+    d = delta_text(src, changed, path="/repo/app.py", base_call=a, base_turn=rc.base_turn,
+                   saved="tool_result/c.txt")
+    assert d is not None and apply_delta(src, d) == changed
+    assert "-20\tdef function_20(x):" in d and "+20\tdef function_twenty(x):" in d
+    # At an epoch: a and b hold the Edit's quote, so they stay verbatim even though c covers
+    # them; c does not hold it.
+    assert superseded(s.history, prov, len(s.history)) == {}
+    s.edit("/repo/app.py", kind="write", tool="Write")
+    s.read("/repo/app.py", "x", LineRange(1, 1))
+    prov = provenance(s.history, TOOLS)
+    got = superseded(s.history, prov, len(s.history))
+    assert list(got) == [s.index(c)] and got[s.index(c)].kind == "stale"
+    assert got[s.index(c)].by_tool == "Write"

@@ -55,14 +55,13 @@ the proxy's.
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
 from ..config import GuardConfig
+from ..pipeline.files import call_files
 from .prompt import Message, content_text, shorten, tool_calls
 from .requests import parse_user_block
 from .sections import close_fences, join_sections, normalise_newlines, parse_heading, split_sections
@@ -142,8 +141,6 @@ RESTATE_RE: Final = re.compile(
 )
 _SENTENCE_SPLIT_RE: Final = re.compile(r"(?<=[.!?])\s+")
 _FENCE_RE: Final = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_HEREDOC_RE: Final = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][\w]*)\1")
-_PATCH_RE: Final = re.compile(r"^\*\*\* (Add|Update|Delete) File: (.+)$|^\*\*\* Move to: (.+)$")
 
 
 # -- the user's words ----------------------------------------------------------------------
@@ -226,249 +223,17 @@ class FileState:
     order: int = field(default=0, compare=False)  # first-seen position, not rendered
 
 
-_WRITE_TOOLS: Final = frozenset({
-    "write", "write_file", "create_file", "file_write", "save_file", "writefile", "createfile",
-    "write_to_file", "create",
-})
-_EDIT_TOOLS: Final = frozenset({
-    "edit", "multiedit", "notebookedit", "edit_file", "str_replace", "replace_in_file",
-    "patch_file", "modify_file", "append_file", "append_to_file", "editfile", "insert",
-    "edit_notebook",
-})
-_DELETE_TOOLS: Final = frozenset({"delete_file", "remove_file", "deletefile", "delete", "rm"})
-_MOVE_TOOLS: Final = frozenset({"move_file", "rename_file", "movefile", "rename"})
-_EDITOR_TOOLS: Final = frozenset({"str_replace_based_edit_tool", "str_replace_editor"})
-_SHELL_TOOLS: Final = frozenset({
-    "bash", "shell", "exec_command", "local_shell_call", "shell_call", "container.exec",
-    "run_shell_command", "run_terminal_cmd", "terminal", "execute_command", "shell_command",
-    "run_command", "exec",
-})
-_PATH_ARGS: Final = ("file_path", "path", "notebook_path", "filepath", "filename", "target_file",
-                     "file")
-_SHELLS: Final = frozenset({"bash", "sh", "zsh", "dash", "/bin/bash", "/bin/sh", "/bin/zsh",
-                            "/usr/bin/bash", "/usr/bin/env"})
-
-
-def _tool_key(name: str) -> str:
-    """A tool name without an MCP-style namespace (``mcp__fs__write_file``), casefolded."""
-    return name.rsplit("__", 1)[-1].casefold()
-
-
-def _ok_path(path: object) -> str | None:
-    if not isinstance(path, str):
-        return None
-    path = path.strip()
-    if (not path or len(path) > 300 or "`" in path or any(c in path for c in "\n\r\t*?$")
-            or path.startswith(("-", "&", "/dev/")) or path in (".", "..", "/")):
-        return None
-    return path
-
-
-def _patch_events(text: str) -> Iterator[tuple[str, str]]:
-    """``(path, state)`` of an apply_patch text (``*** Add/Update/Delete File:``, ``*** Move to:``)."""
-    last_update: str | None = None
-    for line in normalise_newlines(text).split("\n"):
-        m = _PATCH_RE.match(line.strip())
-        if m is None:
-            continue
-        if m[3] is not None:
-            dst = _ok_path(m[3])
-            if last_update is not None and dst is not None:
-                yield last_update, f"moved to `{dst}`"
-                yield dst, "edited"
-            last_update = None
-            continue
-        path = _ok_path(m[2])
-        if path is None:
-            continue
-        state = {"Add": "written", "Update": "edited", "Delete": "deleted"}[m[1]]
-        last_update = path if m[1] == "Update" else None
-        yield path, state
-
-
-def _strip_heredocs(script: str) -> str:
-    """``script`` without heredoc bodies (their text is data, not commands)."""
-    out: list[str] = []
-    ending: str | None = None
-    for line in script.split("\n"):
-        if ending is not None:
-            if line.strip() == ending:
-                ending = None
-            continue
-        out.append(line)
-        m = _HEREDOC_RE.search(line)
-        if m is not None:
-            ending = m[2]
-    return "\n".join(out)
-
-
-def _segments(line: str) -> Iterator[list[str]]:
-    """The simple commands of one shell line, as tokens (operators split them)."""
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    try:
-        tokens = list(lexer)
-    except ValueError:
-        return
-    current: list[str] = []
-    for tok in tokens:
-        if tok in (";", "&&", "||", "|", "&", "(", ")", ";;", "|&"):
-            if current:
-                yield current
-            current = []
-        else:
-            current.append(tok)
-    if current:
-        yield current
-
-
-def _shell_events(script: str) -> Iterator[tuple[str, str]]:
-    """``(path, state)`` of the obvious file changes of a shell script: ``rm``, ``mv a b``,
-    ``touch``, ``sed -i``, ``tee``, ``cp a b``, ``>``/``>>`` redirections; paths as written."""
-    if "*** Begin Patch" in script:
-        yield from _patch_events(script)
-        return
-    for line in _strip_heredocs(normalise_newlines(script)).split("\n"):
-        for tokens in _segments(line):
-            words: list[str] = []
-            i = 0
-            while i < len(tokens):
-                tok = tokens[i]
-                if tok in (">", ">>", ">|", "&>", "&>>") and i + 1 < len(tokens):
-                    target = _ok_path(tokens[i + 1])
-                    if target is not None:
-                        yield target, "edited" if tok.endswith(">>") else "written"
-                    if words and words[-1].isdigit():
-                        words.pop()  # the fd of 2>
-                    i += 2
-                    continue
-                if tok in ("<", ">&", "<&", "<<", "<<-", "<<<") and i + 1 < len(tokens):
-                    i += 2
-                    continue
-                words.append(tok)
-                i += 1
-            yield from _command_events(words)
-
-
-def _command_events(words: list[str]) -> Iterator[tuple[str, str]]:
-    while words and ("=" in words[0] and not words[0].startswith("=") or words[0] in (
-            "sudo", "command", "exec", "nohup", "time")):
-        words = words[1:]
-    if words and words[0] == "git" and len(words) > 1 and words[1] in ("rm", "mv"):
-        words = words[1:]
-    if not words:
-        return
-    cmd, args = words[0].rsplit("/", 1)[-1], words[1:]
-    plain = [a for a in args if not a.startswith("-")]
-    if cmd in ("rm", "unlink"):
-        for a in plain:
-            if (p := _ok_path(a)) is not None:
-                yield p, "deleted"
-    elif cmd in ("mv", "cp") and len(plain) == 2 and not any(a.startswith("-t") for a in args):
-        src, dst = _ok_path(plain[0]), _ok_path(plain[1])
-        if src is not None and dst is not None:
-            if cmd == "mv":
-                yield src, f"moved to `{dst}`"
-            yield dst, "written"
-    elif cmd == "touch":
-        for a in plain:
-            if (p := _ok_path(a)) is not None:
-                yield p, "touched"
-    elif cmd == "tee":
-        append = any(a in ("-a", "--append") for a in args)
-        for a in plain:
-            if (p := _ok_path(a)) is not None:
-                yield p, "edited" if append else "written"
-    elif cmd == "sed" and any(a == "-i" or a.startswith(("-i", "--in-place")) or
-                              (a.startswith("-") and not a.startswith("--") and "i" in a[1:])
-                              for a in args):
-        script_given = any(a in ("-e", "-f") or a.startswith(("--expression", "--file"))
-                           for a in args)
-        files = _sed_files(args) if script_given else plain[1:]
-        for a in files:
-            if (p := _ok_path(a)) is not None:
-                yield p, "edited"
-
-
-def _sed_files(args: list[str]) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in ("-e", "-f"):
-            skip = True
-        elif not a.startswith("-"):
-            out.append(a)
-    return out
-
-
-def _command_text(value: object) -> str | None:
-    """A shell call's script: a string, or an argv (``bash -lc <script>`` unwrapped)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Sequence) and value and all(isinstance(v, str) for v in value):
-        argv = [str(v) for v in value]
-        if argv[0] in _SHELLS and len(argv) >= 3 and argv[-2] in ("-c", "-lc", "-ic", "-l"):
-            return argv[-1]
-        return shlex.join(argv)
-    return None
+_STATES: Final = {"write": "written", "edit": "edited", "delete": "deleted", "touch": "touched"}
 
 
 def file_events(name: str, args: str) -> list[tuple[str, str]]:
-    """``(path, state)`` changes one tool call makes, from its name and arguments: Claude Code
-    ``Write``/``Edit``/``MultiEdit``/``NotebookEdit``, Codex ``apply_patch`` (custom input, JSON
-    ``input``/``patch``, ``apply_patch_call`` operations) and shell calls (``exec_command``,
-    ``shell``, ``local_shell_call``, ``bash``, ...), chat tools (``write_file``, ``edit_file``,
-    ``create_file``, ``delete_file``, ``move_file``, the text-editor tool)."""
-    key = _tool_key(name)
-    try:
-        value: object = json.loads(args)
-    except ValueError:
-        value = None
-    obj: Mapping[str, object] = value if isinstance(value, Mapping) else {}
-    if key == "apply_patch":
-        text = args if value is None else next(
-            (v for k in ("input", "patch", "diff") if isinstance(v := obj.get(k), str)), None
-        )
-        if text is None and isinstance(value, str):
-            text = value
-        return list(_patch_events(text or ""))
-    if key == "apply_patch_call":
-        op = obj.get("operation")
-        if isinstance(op, Mapping) and (p := _ok_path(op.get("path"))) is not None:
-            state = {"create_file": "written", "update_file": "edited",
-                     "delete_file": "deleted"}.get(str(op.get("type")))
-            return [(p, state)] if state else []
-        return []
-    if key in _SHELL_TOOLS:
-        command: object = obj.get("command", obj.get("cmd", obj.get("script")))
-        action = obj.get("action")
-        if command is None and isinstance(action, Mapping):
-            command = action.get("command", action.get("commands"))
-        if isinstance(command, Sequence) and not isinstance(command, str) and command and all(
-                isinstance(c, str) for c in command) and key == "shell_call":
-            command = "\n".join(str(c) for c in command)
-        script = _command_text(command)
-        return list(_shell_events(script)) if script else []
-    path = next((p for k in _PATH_ARGS if (p := _ok_path(obj.get(k))) is not None), None)
-    if key in _MOVE_TOOLS:
-        src = _ok_path(obj.get("source", obj.get("src", obj.get("old_path", path))))
-        dst = _ok_path(obj.get("destination", obj.get("dst", obj.get("new_path"))))
-        return [(src, f"moved to `{dst}`"), (dst, "written")] if src and dst else []
-    if path is None:
-        return []
-    if key in _EDITOR_TOOLS:
-        state = {"create": "written", "str_replace": "edited", "insert": "edited",
-                 "undo_edit": "edited"}.get(str(obj.get("command")))
-        return [(path, state)] if state else []
-    if key in _WRITE_TOOLS:
-        return [(path, "written")]
-    if key in _EDIT_TOOLS:
-        return [(path, "edited")]
-    if key in _DELETE_TOOLS:
-        return [(path, "deleted")]
-    return []
+    """``(path, state)`` changes one tool call makes, from its name and arguments, paths as
+    written: its edits (:func:`proxy.pipeline.files.call_files`: Claude Code
+    ``Write``/``Edit``/``NotebookEdit``, Codex ``apply_patch`` in every shape, shell calls,
+    chat tools such as ``write_file``/``edit_file``/``create_file``/``delete_file``/
+    ``move_file``, the text-editor tool), a move as ``moved to `dst```."""
+    return [(e.path, f"moved to `{e.to}`" if e.kind == "move" else _STATES[e.kind])
+            for e in call_files(name, args, resolve=False)[1]]
 
 
 # -- the ledgers ---------------------------------------------------------------------------

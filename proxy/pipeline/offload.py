@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from ..compaction.prompt import tool_calls
 from ..config import OffloadConfig, ReadTool, RetrievalConfig, ToolPolicy
 from ..lru import LRU
 from ..session import Identity
@@ -30,6 +29,7 @@ from ..store.paths import tool_result_file
 from ..store.tool_results import relative_path, result_id
 from . import ageing
 from .epoch import ageing_epoch
+from .files import first_line, json_args, tool_path
 from .model import FileWrite, Message, RequestView, StageOutcome, result_text
 from .native import native, newest_compaction
 from .notice import parse_notice
@@ -79,16 +79,6 @@ def _with_text(message: Message, text: str) -> Message:
     return {**message, "content": parts}
 
 
-def _first_line(value: Any) -> int:
-    if isinstance(value, list) and value:
-        value = value[0]
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    return 1
-
-
 def _frozen(messages: list[Message]) -> int:
     """Results before the provider's newest compaction item are out of its context: they keep
     the stage-1 cut they had on arrival, never aged or cut harder (pipeline.native)."""
@@ -99,30 +89,23 @@ def _frozen(messages: list[Message]) -> int:
 def read_calls(
     messages: list[Message], tools: Mapping[str, ReadTool]
 ) -> dict[str, ReadCall]:
-    """tool_call_id -> ReadCall for every call of a configured read tool."""
+    """tool_call_id -> ReadCall for every call of a configured read tool (the path as the
+    call wrote it: the notice sends the model back to that tool with it)."""
     found: dict[str, ReadCall] = {}
     if not tools:
         return found
     for m in messages:
         if m.get("role") != "assistant":
             continue
-        for call in m.get("tool_calls") or ():
-            fn = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(fn, dict):
+        for cid, name, raw in tool_calls(m):
+            spec = tools.get(name)
+            if spec is None or not cid:
                 continue
-            spec = tools.get(fn.get("name"))  # type: ignore[arg-type]
-            if spec is None:
-                continue
-            try:
-                args = orjson.loads(fn.get("arguments") or "{}")
-            except (orjson.JSONDecodeError, TypeError):
-                continue
-            if not isinstance(args, dict):
-                continue
-            path = args.get(spec.path_arg, args.get("path", args.get("file_path")))
-            if isinstance(path, str) and path and isinstance(call.get("id"), str):
-                line = _first_line(args.get(spec.line_arg)) if spec.line_arg else 1
-                found[call["id"]] = ReadCall(fn["name"], spec, path, line)
+            args = json_args(raw)
+            path = tool_path(args, spec.path_arg)
+            if path:
+                line = first_line(args.get(spec.line_arg)) if spec.line_arg else 1
+                found[cid] = ReadCall(name, spec, path, line)
     return found
 
 

@@ -16,10 +16,9 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-import orjson
-
 from ..config import ToolPolicy
 from ..lru import LRU
+from .files import json_args, shell_script
 from .model import Message
 from .turns import RESULT_ROLES
 
@@ -31,27 +30,11 @@ _CD: Final = re.compile(r"^\s*cd\s+(?:\"[^\"]*\"|'[^']*'|\S+)\s*&&\s*")
 
 
 def shell_command(arguments: str) -> str | None:
-    """The command a shell call runs, as the model wrote it (None: not a shell call's
-    arguments)."""
-    try:
-        args = orjson.loads(arguments or "{}")
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(args, dict):
-        return None
-    action = args.get("action")
-    if isinstance(action, dict):  # local_shell_call / shell_call items
-        args = {**args, **action}
-    for key in ("cmd", "command", "commands"):
-        value = args.get(key)
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            if len(value) >= 3 and value[1] in ("-c", "-lc") and value[0].endswith("sh"):
-                value = value[2]  # ["bash", "-lc", script]
-            else:
-                value = " ".join(value) if key != "commands" else "\n".join(value)
-        if isinstance(value, str):
-            return _CD.sub("", value).strip()
-    return None
+    """The command a shell call runs, as the model wrote it, a leading ``cd DIR &&`` left out
+    (None: not a shell call's arguments)."""
+    args = json_args(arguments)
+    script, _ = shell_script(args) if args else (None, None)
+    return _CD.sub("", script).strip() if script is not None else None
 
 
 class Policies:

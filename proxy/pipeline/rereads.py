@@ -33,7 +33,16 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from .files import WHOLE, FileEdit, FileRead, LineRange, Provenance, same_file
+from .files import (
+    WHOLE,
+    FileEdit,
+    FileRead,
+    LineRange,
+    Provenance,
+    same_file,
+    shell_script,
+    shell_tool,
+)
 from .markers import KEY, PREFIX, TOKEN, Pointer, as_pointer, pointer, read_pointer, token, untoken
 from .model import Message, result_text
 from .notice import utf8_len
@@ -67,16 +76,11 @@ CONTEXT: Final = 3
 # lines than this is no delta worth forwarding.
 _MAX_DIFF_LINES: Final = 20_000
 
-# Tools whose calls are shell commands: a read is re-done with a plain read command, not the
-# original script (which may also build, test or write).
-_SHELLS: Final = frozenset({"exec_command", "shell", "local_shell_call", "shell_call",
-                            "container.exec", "Bash"})
 # A read argument longer than this is not one to repeat in a one-line marker.
 _MAX_ARG_CHARS: Final = 300
 # Claude Code's Read (``     12\t``, older ``    12→``), the editor's view, ``cat -n``/``nl``.
 _NUMBERS: Final = re.compile(r"^ *[0-9]+[\t\u2192]", re.M)
 
-EditKind = Literal["write", "edit", "delete", "move"]
 _VERBS: Final[Mapping[str, str]] = {"write": "written", "edit": "edited", "delete": "deleted",
                                     "move": "moved"}
 _KINDS: Final = {v: k for k, v in _VERBS.items()}
@@ -172,7 +176,7 @@ def _again(history: Sequence[Message], read: FileRead) -> tuple[str, tuple[tuple
         args = orjson.loads(raw) if raw.lstrip().startswith("{") else None
     except orjson.JSONDecodeError:
         args = None
-    if name in _SHELLS:
+    if shell_tool(name):  # a plain read, not the script (which may also build, test, write)
         return name, _shell_again(read, args if isinstance(args, dict) else {})
     if not isinstance(args, dict) or not args:
         return name, (("file_path", read.path),)
@@ -193,21 +197,13 @@ def _shell_again(read: FileRead, args: Mapping[str, Any]) -> tuple[tuple[str, st
         command = f"cat {path}"
     else:
         command = f"sed -n '{r.start},{'$' if r.end is None else r.end}p' {path}"
-    key = "command" if "command" in args else "cmd"
+    action = args.get("action")
+    key = "command" if "command" in args or isinstance(action, Mapping) else "cmd"
     out: tuple[tuple[str, str], ...] = ((key, command),)
-    workdir = args.get("workdir", args.get("working_directory", args.get("cwd")))
-    if not read.path.startswith("/") and isinstance(workdir, str) and workdir:
+    _, workdir = shell_script(args)
+    if not read.path.startswith("/") and workdir:
         out += (("workdir", workdir),)
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class _Change:
-    """An edit as seen from one path (a move's destination is written)."""
-
-    edit: FileEdit
-    path: str
-    kind: EditKind
 
 
 def _basename(path: str) -> str:
@@ -228,9 +224,10 @@ def superseded(
     * *superseded* when a later read (by call order: message, then position among the calls)
       of the same file (:func:`.files.same_file`) shows every line R showed
       (:meth:`.files.LineRange.covers`): the marker names the newest such read;
-    * *stale* when a write, edit, delete or move of p (or a move onto p) comes after it: the
-      marker names the newest such change, unless a covering read comes after that change
-      (then it is superseded).
+    * *stale* when a write, edit, delete or move of p comes after it (``prov.edits``: a move's
+      destination has its own entry; a ``touch`` changes no file that was read): the marker
+      names the newest such change, unless a covering read comes after that change (then it
+      is superseded).
 
     Never marked: the newest read of each file (whatever its range); any read whose result
     contains verbatim a quote (``FileEdit.quotes``: an Edit's ``old_string``, a patch's
@@ -260,14 +257,13 @@ def superseded(
         assert r.result_index is not None
         per_result[r.result_index] = per_result.get(r.result_index, 0) + 1
         by_name.setdefault(_basename(r.path), []).append((order(r.call_id, r.call_index), r))
-    changes: dict[str, list[tuple[tuple[int, int], _Change]]] = {}
+    # A touch leaves an existing file (one that was read) as it was. A move's destination has
+    # an entry of its own (the provenance contract).
+    changes: dict[str, list[tuple[tuple[int, int], FileEdit]]] = {}
     for e in prov.edits:
-        if e.call_index >= seen:
-            continue
-        at = order(e.call_id, e.call_index)
-        changes.setdefault(_basename(e.path), []).append((at, _Change(e, e.path, e.kind)))
-        if e.kind == "move" and e.to:
-            changes.setdefault(_basename(e.to), []).append((at, _Change(e, e.to, "write")))
+        if e.call_index < seen and e.kind != "touch":
+            at = order(e.call_id, e.call_index)
+            changes.setdefault(_basename(e.path), []).append((at, e))
 
     turns = _turns(history, seen)
     out: dict[int, Supersession] = {}
@@ -283,11 +279,11 @@ def superseded(
             continue  # the newest read of its file
         covering = max(((k, x) for k, x in later if x.lines.covers(r.lines)),
                        key=lambda kx: kx[0], default=None)
-        edits = [(k, c) for k, c in changes.get(name, ()) if k > at and same_file(c.path, r.path)]
+        edits = [(k, e) for k, e in changes.get(name, ()) if k > at and same_file(e.path, r.path)]
         if covering is None and not edits:
             continue
         text = result_text(history[i].get("content"))
-        if text is None or _quoted(text, (c.edit for _, c in edits)):
+        if text is None or _quoted(text, (e for _, e in edits)):
             continue
         change = max(edits, key=lambda kc: kc[0], default=None)
         again_tool, again_args = _again(history, r)
@@ -297,7 +293,7 @@ def superseded(
         else:
             assert change is not None
             c = change[1]
-            why = (c.kind, c.edit.tool, c.edit.call_id, c.edit.call_index)
+            why = (c.kind, c.tool, c.call_id, c.call_index)
         out[i] = Supersession(tool=r.tool, path=r.path, lines=r.lines, by_kind=why[0],
                               by_tool=why[1], by_call=why[2], by_turn=_turn(turns, why[3]),
                               again_tool=again_tool, again_args=again_args, index=i,

@@ -34,7 +34,7 @@ from .fake_wire import reasoning_token
 from .servers import serve_in_thread
 
 __all__ = ["FINAL", "MODEL", "PRESERVED_THINKING_MODEL", "Session", "claude_binary", "markers",
-           "run_prefix_checked_session", "run_session", "summarizer_request"]
+           "run_claude", "run_prefix_checked_session", "run_session", "summarizer_request"]
 
 MODEL = "claude-sonnet-4-5"
 #: a model that binds thinking blocks to their prefix
@@ -151,6 +151,25 @@ def _workdir(files: int, lines: int) -> Iterator[tuple[Path, Path]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def run_claude(
+    binary: Path, work: Path, home: Path, base_url: str, prompt: str, *, model: str = MODEL,
+    timeout_s: float = 240,
+) -> subprocess.CompletedProcess[str]:
+    """``claude -p prompt`` in ``work`` against the Messages API at ``base_url``: a fake key,
+    ``home`` as its ``HOME``, no telemetry or updates, stdin closed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE"))}
+    env.update({
+        "HOME": str(home), "IS_SANDBOX": "1", "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "sk-ant-fake-e2e", "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model, "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    })
+    return subprocess.run(
+        [str(binary), "-p", prompt, "--dangerously-skip-permissions"], cwd=work, env=env,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s, check=False,
+    )
+
+
 def run_session(
     binary: Path, config: Config | None, fake: FakeUpstream, fake_url: str, *, reads: int = 6,
     lines: int = 1200, timeout_s: float = 240, model: str = MODEL,
@@ -190,20 +209,9 @@ def run_session(
             app = _Recorder(create_app(config), turns, sent)
             srv = stack.enter_context(serve_in_thread(app, lifespan="on"))
             base_url = srv.url
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE"))}
-        env.update({
-            "HOME": str(home), "IS_SANDBOX": "1", "ANTHROPIC_BASE_URL": base_url,
-            "ANTHROPIC_API_KEY": "sk-ant-fake-e2e", "ANTHROPIC_MODEL": model,
-            "ANTHROPIC_SMALL_FAST_MODEL": model, "DISABLE_TELEMETRY": "1",
-            "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        })
         prompt = (f"Read each of the files data0.txt to data{reads - 1}.txt in this "
                   "directory with the Read tool, then tell me whether the totals match.")
-        proc = subprocess.run(
-            [str(binary), "-p", prompt, "--dangerously-skip-permissions"], cwd=work, env=env,
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s,
-            check=False,
-        )
+        proc = run_claude(binary, work, home, base_url, prompt, model=model, timeout_s=timeout_s)
         if config is not None:
             srv.drain()
     session = Session(proc.returncode, proc.stdout, proc.stderr, turns=turns, sent=sent)

@@ -135,11 +135,13 @@ class Turn:
 @dataclass
 class Recording:
     """An ASGI wrapper around the proxy's app: keeps each Responses request's body and answer
-    headers, and counts WebSocket attempts. ``services`` is the app's (for ``drain()``)."""
+    headers, and counts WebSocket attempts. ``services`` is the app's (for ``drain()``).
+    ``path``: the route recorded (``/v1/messages`` records Claude Code's requests)."""
 
     app: ASGIApp
     turns: list[Turn] = field(default_factory=list)
     websocket_attempts: int = 0
+    path: str = RESPONSES_PATH
 
     @property
     def services(self) -> Any:
@@ -148,7 +150,7 @@ class Recording:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
             self.websocket_attempts += 1
-        if scope["type"] != "http" or scope["path"] != RESPONSES_PATH:
+        if scope["type"] != "http" or scope["path"] != self.path:
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []

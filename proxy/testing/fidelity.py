@@ -719,7 +719,10 @@ def guard_supported() -> bool:
     return "guard" in CompactionConfig.model_fields
 
 
-def proxy_config(upstream_url: str, data_dir: Path, window: int, guard: bool) -> Config:
+def proxy_config(upstream_url: str, data_dir: Path, window: int, guard: bool,
+                 offload: Mapping[str, Any] | None = None) -> Config:
+    """``offload``: settings of the offload section over its defaults (the file-aware
+    switches, to measure them off and on: bench/file_sessions.py)."""
     compaction: dict[str, Any] = {"context_windows": {m: window for m in MODELS.values()}}
     if guard_supported():
         compaction["guard"] = {"enabled": guard}
@@ -728,6 +731,7 @@ def proxy_config(upstream_url: str, data_dir: Path, window: int, guard: bool) ->
         "anthropic": {"base_url": upstream_url.removesuffix("/v1")},
         "storage": {"data_dir": str(data_dir)},
         "compaction": compaction,
+        "offload": dict(offload or {}),
     })
 
 
@@ -749,13 +753,14 @@ def _quote(fmt: Fmt, script: Script, n: int, old: str, forwarded: Mapping[str, A
 async def replay(
     fmt: Fmt, mode: str, *, fake: FakeUpstream, upstream_url: str, data_dir: Path,
     script: Script, window: int = 24_000, guard: bool = False, drop: frozenset[str] = frozenset(),
+    offload: Mapping[str, Any] | None = None,
 ) -> Run:
     """Post ``script`` in ``fmt`` through a proxy in process (its data in ``data_dir``) in front
     of ``fake`` (at ``upstream_url``, ending in ``/v1``), the summarizer acting per ``mode``;
     the figures and checkpoints. ``drop``: canary texts the client never sends (its step's
     text and output have them blanked): the harness must then report them lost."""
     fake.responder = responder(mode)
-    config = proxy_config(upstream_url, data_dir, window, guard)
+    config = proxy_config(upstream_url, data_dir, window, guard, offload)
     session = f"fidelity-{fmt}-{mode}-{'guard' if guard else 'plain'}"
     identity = Identity(tenant_of(KEY), safe_name(session), KEY)
     headers = {"authorization": f"Bearer {KEY}", "x-api-key": KEY,
@@ -808,6 +813,7 @@ async def replay(
 async def replay_all(
     script: Script, *, formats: Sequence[Fmt] = FORMATS, modes: Sequence[str] = MODES,
     guards: Sequence[bool] = (False,), window: int = 24_000,
+    offload: Mapping[str, Any] | None = None,
 ) -> list[Run]:
     """Every (guard, mode, format) replay of ``script``, each on a fresh proxy with its own data
     dir, in front of one fake upstream on loopback. Where the tree has no guard, ``guards`` is
@@ -823,5 +829,5 @@ async def replay_all(
                     runs.append(await replay(
                         fmt, mode, fake=fake, upstream_url=upstream.url + "/v1",
                         data_dir=Path(tmp) / f"{fmt}-{mode}-{guard}", script=script,
-                        window=window, guard=guard))
+                        window=window, guard=guard, offload=offload))
     return runs
