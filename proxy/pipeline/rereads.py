@@ -64,17 +64,18 @@ __all__ = [
 ]
 
 #: A delta is forwarded only when it is at most this share of the new output's UTF-8 bytes.
-#: Below half, the model must combine two places of its context to know the file for a
-#: saving of less than half a read; a diff that large is mostly hunks with their context,
-#: i.e. the file again. Unchanged re-reads (a marker of ~150 bytes) pass for any output over
-#: ~300 bytes.
+#: A delta makes the model combine two places of its context to know the file; a larger one
+#: would save less than half a read for that, and a diff that large is mostly hunks with
+#: their context lines, the file again. (An unchanged re-read, a marker of ~150 bytes,
+#: passes for any output over ~300 bytes.)
 DELTA_MAX_RATIO: Final = 0.5
 #: Lines of context around each hunk (``diff -u``'s default).
 CONTEXT: Final = 3
 # The middle of two outputs (after their common head and tail) is diffed only up to this many
-# lines each: difflib's matcher is quadratic at worst, and a re-read that changed across more
-# lines than this is no delta worth forwarding.
-_MAX_DIFF_LINES: Final = 20_000
+# lines each: difflib's matcher is quadratic at worst (~0.2 s at this size for two scrambles
+# of the same 150 lines). Bases are forwarded whole, so under the stage-1 budget (51 KB,
+# some 1-2k lines): the cap is for the odd huge output, not for reads.
+_MAX_DIFF_LINES: Final = 10_000
 
 # A read argument longer than this is not one to repeat in a one-line marker.
 _MAX_ARG_CHARS: Final = 300
@@ -117,6 +118,16 @@ def _positions(history: Sequence[Message], upto: int) -> dict[str, tuple[int, in
             if isinstance(cid, str):
                 found.setdefault(cid, (i, pos))
     return found
+
+
+def _position(history: Sequence[Message], read: FileRead) -> tuple[int, int]:
+    """(index of the read's assistant message, position of its call there)."""
+    i = read.call_index
+    calls = history[i].get("tool_calls") if 0 <= i < len(history) else None
+    for pos, call in enumerate(calls or ()):
+        if isinstance(call, dict) and call.get("id") == read.call_id:
+            return i, pos
+    return i, 0
 
 
 def _call(history: Sequence[Message], index: int, call_id: str) -> tuple[str, str] | None:
@@ -444,8 +455,7 @@ def reread(
     if len(mine) != 1 or not 0 <= index < len(history):
         return None
     r = mine[0]
-    positions = _positions(history, index)
-    at = positions.get(r.call_id, (r.call_index, 0))
+    at = _position(history, r)
     per_result: dict[int, int] = {}
     for x in prov.reads:
         if x.result_index is not None:
@@ -455,8 +465,10 @@ def reread(
         j = b.result_index
         if j is None or j >= index or b.tool != r.tool or b.lines != r.lines:
             continue
-        k = positions.get(b.call_id, (b.call_index, 0))
-        if k < at and per_result[j] == 1 and same_file(b.path, r.path):
+        if per_result[j] != 1 or b.call_index > r.call_index or not same_file(b.path, r.path):
+            continue
+        k = _position(history, b)
+        if k < at:
             candidates.append((k, b))
     for _, b in sorted(candidates, key=lambda kb: kb[0], reverse=True):
         assert b.result_index is not None
@@ -521,7 +533,7 @@ def delta_text(
     """``new`` (a re-read's output) as a delta against ``old`` (the output of the read it
     repeats, :func:`reread`), or None when that is not at most ``max_ratio`` of ``new``'s
     UTF-8 bytes (:data:`DELTA_MAX_RATIO`: at least halved) or the two differ across more than
-    20,000 lines.
+    10,000 lines.
 
     * ``new == old``: one line, ``[ctxproxy: unchanged since the read in turn N (call X):
       PATH, the same K lines; the whole output: read_offloaded file_path=...]``;
@@ -541,7 +553,7 @@ def delta_text(
                      lines=count_lines(new), saved=where)
         return head if utf8_len(head) <= limit else None
     a, b = _split(old), _split(new)
-    hunks = _hunks(a, b)
+    hunks = _hunks(a, b, limit)
     if hunks is None:
         return None
     head = _head("changed", path=path, base_call=base_call, base_turn=base_turn,
@@ -554,9 +566,11 @@ def delta_text(
 Opcode = tuple[str, int, int, int, int]
 
 
-def _hunks(a: list[str], b: list[str]) -> list[list[Opcode]] | None:
+def _hunks(a: list[str], b: list[str], limit: float) -> list[list[Opcode]] | None:
     """The grouped opcodes of ``a`` -> ``b`` (difflib's, with :data:`CONTEXT` lines), the
-    common head and tail matched first in linear time."""
+    common head and tail matched first in linear time; None when the diff cannot fit in
+    ``limit`` bytes (every line of ``b`` that ``a`` lacks is in it: a bound found in linear
+    time) or the middle is over :data:`_MAX_DIFF_LINES`."""
     head = 0
     n = min(len(a), len(b))
     while head < n and a[head] == b[head]:
@@ -566,6 +580,9 @@ def _hunks(a: list[str], b: list[str]) -> list[list[Opcode]] | None:
         tail += 1
     mid_a, mid_b = a[head:len(a) - tail], b[head:len(b) - tail]
     if max(len(mid_a), len(mid_b)) > _MAX_DIFF_LINES:
+        return None
+    known = set(mid_a)
+    if sum(len(line) + 1 for line in mid_b if line not in known) > limit:  # chars <= bytes
         return None
     codes: list[Opcode] = []
     if head:
