@@ -42,6 +42,8 @@ from itertools import accumulate
 from typing import Final
 
 from .markers import PREFIX, TOKEN, Pointer, as_pointer, pointer, read_pointer, token, untoken
+from .rereads import split_lines
+from .truncate import count_lines
 
 __all__ = ["BUDGET_BYTES", "CANDIDATES", "Dedup", "Earlier", "Span", "duplicate", "expand"]
 
@@ -123,10 +125,6 @@ def _span_line(s: Span, saved: Pointer | None) -> str:
     return line + (_COPY.format(saved=saved.render(s.start)) if saved is not None else "") + "]"
 
 
-def _count(text: str) -> int:
-    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
-
-
 class _Lines:
     """A text's lines as UTF-8 bytes (each keeping its ``\\n``), their start offsets and the
     prefix hashes of their CRC-32s (the per-line work is C-level where it can be: this runs
@@ -204,7 +202,7 @@ def duplicate(
     outputs = _unique(earlier)
     for e in reversed(outputs):
         if len(e.text) == len(text) and e.text == text:
-            line = _identical_line(e, _count(text), where)
+            line = _identical_line(e, count_lines(text), where)
             if len(line.encode("utf-8", "surrogatepass")) < len(data):
                 return Dedup(line, (), e)
             break
@@ -289,14 +287,6 @@ def duplicate(
     return Dedup("".join(parts), tuple(out_spans))
 
 
-def _split(text: str) -> list[str]:
-    pieces = text.split("\n")
-    lines = [p + "\n" for p in pieces[:-1]]
-    if pieces[-1]:
-        lines.append(pieces[-1])
-    return lines
-
-
 def expand(dedup_text: str, earlier: Sequence[Earlier]) -> str:
     """The output a :func:`duplicate` form stands for, given the same ``earlier`` outputs
     (those it names, at least). Raises ValueError when a reference names an output not among
@@ -306,13 +296,13 @@ def expand(dedup_text: str, earlier: Sequence[Earlier]) -> str:
         m = _IDENTICAL_RE.fullmatch(dedup_text)
         if m is not None:
             e = by_call.get(untoken(m["call"]))
-            if e is None or _count(e.text) != int(m["n"]):
+            if e is None or count_lines(e.text) != int(m["n"]):
                 raise ValueError("the output it is identical to is not among the earlier ones")
             return e.text
     split: dict[str, list[str]] = {}
     out: list[str] = []
     count = 0
-    for line in _split(dedup_text):
+    for line in split_lines(dedup_text):
         if not line.startswith(PREFIX):
             out.append(line)
             count += 1
@@ -326,7 +316,7 @@ def expand(dedup_text: str, earlier: Sequence[Earlier]) -> str:
         if e is None:
             raise ValueError(f"call {call} is not among the earlier outputs")
         if e.call_id not in split:
-            split[e.call_id] = _split(e.text)
+            split[e.call_id] = split_lines(e.text)
         theirs = split[e.call_id]
         if a != count + 1 or b - a != d - c or not 1 <= c <= d <= len(theirs):
             raise ValueError(f"reference does not fit: {line!r}")

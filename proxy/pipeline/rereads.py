@@ -59,6 +59,7 @@ __all__ = [
     "parse_delta",
     "parse_marker",
     "reread",
+    "split_lines",
     "superseded",
     "turn_of",
 ]
@@ -480,8 +481,9 @@ def reread(
 # -- deltas ---------------------------------------------------------------------------------
 
 
-def _split(text: str) -> list[str]:
-    """``text`` as lines split at ``\\n``, each keeping its ``\\n`` (the last may have none)."""
+def split_lines(text: str) -> list[str]:
+    """``text`` as lines split at ``\\n``, each keeping its ``\\n`` (the last may have none):
+    the lines :func:`.truncate.count_lines` counts, joined back to ``text`` exactly."""
     pieces = text.split("\n")
     lines = [p + "\n" for p in pieces[:-1]]
     if pieces[-1]:
@@ -552,7 +554,7 @@ def delta_text(
         head = _head("unchanged", path=path, base_call=base_call, base_turn=base_turn,
                      lines=count_lines(new), saved=where)
         return head if utf8_len(head) <= limit else None
-    a, b = _split(old), _split(new)
+    a, b = split_lines(old), split_lines(new)
     hunks = _hunks(a, b, limit)
     if hunks is None:
         return None
@@ -694,8 +696,8 @@ def apply_delta(old: str, delta: str) -> str:
         raise ValueError("not a ctxproxy delta")
     if d.unchanged:
         return old
-    a = _split(old)
-    body = _split(delta.partition("\n")[2])
+    a = split_lines(old)
+    body = split_lines(delta.partition("\n")[2])
     out: list[str] = []
     at = 0  # next line of ``a`` not yet copied
     k = 0
