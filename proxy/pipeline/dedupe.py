@@ -45,7 +45,8 @@ from .markers import PREFIX, TOKEN, Pointer, as_pointer, pointer, read_pointer, 
 from .rereads import split_lines
 from .truncate import count_lines
 
-__all__ = ["BUDGET_BYTES", "CANDIDATES", "Dedup", "Earlier", "Span", "duplicate", "expand"]
+__all__ = ["BUDGET_BYTES", "CANDIDATES", "Dedup", "Earlier", "Span", "duplicate", "expand",
+           "parse_reference"]
 
 #: The newest earlier outputs looked at, in UTF-8 bytes.
 BUDGET_BYTES: Final = 4 * 1024 * 1024
