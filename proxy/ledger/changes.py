@@ -36,9 +36,8 @@ from typing import Any
 from ..compaction.message import is_summary_message
 from ..memory.inject import is_memory_message
 from ..pipeline.epoch import THINKING_DROPPED
-from ..pipeline.model import WIRE, Message
+from ..pipeline.model import WIRE, Message, result_text
 from ..pipeline.notice import split_notice, utf8_len
-from ..pipeline.offload import result_text
 from ..pipeline.turns import RESULT_ROLES
 from ..pipeline.validate import PLACEHOLDER
 from ..store.tool_results import relative_path, result_id
