@@ -2,11 +2,12 @@
 (issue 22): a session of ~50 model turns that compacts several times (proxy/testing/
 file_sessions.py has the project, the plan and the model).
 
-What holds today is asserted plainly: the session finishes, every edit and write is on disk
-(the client refuses an edit whose quote is not in the file: the quoted text reached the model
-intact), nothing is refused or retried, and the session holds what each file-aware rule acts
-on. What the file-aware rules promise is asserted in the tests marked ``xfail(strict=True)``:
-they fail until the rule is integrated (then strict xfail fails, and the mark comes off)."""
+Asserted: the session finishes, every edit and write is on disk (the client refuses an edit
+whose quote is not in the file: the quoted text reached the model intact), nothing is refused
+or retried, the session holds what each file-aware rule acts on, and each rule does what it
+promises (re-reads as deltas, repeats as references, superseded reads as markers at a
+compaction, a per-tool budget). The rules' tests failed before the rules were integrated (they
+were strict xfails until then)."""
 
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def test_every_forwarded_request_is_well_formed(session: FileSession) -> None:
 
 
 def test_the_session_holds_what_the_file_aware_rules_act_on(session: FileSession) -> None:
-    """The cases the xfail tests below check exist in this session (so those fail for the
+    """The cases the rules' tests below check exist in this session (so those fail for a
     rule's absence, not for want of cases), and hold whether or not the rules act: the earlier
     read or output is still forwarded as the client sent it when the repeat arrives."""
     assert len(session.compactions()) >= 2
@@ -152,8 +153,6 @@ def test_with_the_switches_off_ctxproxy_slims_as_before(session_off: FileSession
 # --- what the file-aware rules promise (issue 22) ---------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 22: re-read deltas not integrated yet")
 def test_a_reread_is_forwarded_as_a_delta(session: FileSession) -> None:
     """``offload.reread_deltas``: a re-read of a file whose earlier read is still forwarded
     whole goes as a marker (unchanged) or a diff (changed) that shows each edit made since."""
@@ -164,8 +163,6 @@ def test_a_reread_is_forwarded_as_a_delta(session: FileSession) -> None:
         assert missing == [], f"step {r.step}: the delta lacks the edits {missing}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 22: deduplication of repeated outputs not integrated yet")
 def test_a_repeated_output_is_forwarded_as_a_reference(session: FileSession) -> None:
     """``offload.dedupe``: a command's output repeating an earlier one still forwarded whole
     (the same grep; the test log with one test's result changed) goes with the repeated span
@@ -178,8 +175,6 @@ def test_a_repeated_output_is_forwarded_as_a_reference(session: FileSession) -> 
         assert missing == [], f"step {d.step}: what differs is gone: {missing}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 22: superseded reads not integrated yet")
 def test_a_superseded_read_is_a_marker_after_a_compaction(session: FileSession) -> None:
     """``offload.supersede_reads``: at a compaction, a read that a later read of the same file
     (the same or a wider range) supersedes, and no edit quotes, is a one-line marker naming
@@ -191,8 +186,6 @@ def test_a_superseded_read_is_a_marker_after_a_compaction(session: FileSession) 
         assert name in s.forwarded, f"step {s.step} at request {s.request}: {name} not named"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 22: per-tool policies not integrated yet")
 def test_a_per_tool_budget_cuts_that_commands_output(session: FileSession) -> None:
     """``offload.policies``: the inventory listing (~10 KB) has a 1 KB stage-1 budget."""
     [n] = step_of(session, BUDGETED)

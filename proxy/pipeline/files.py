@@ -46,10 +46,12 @@ import orjson
 from ..compaction.prompt import tool_calls
 from ..compaction.sections import normalise_newlines
 from ..config import ReadTool
+from ..lru import LRU
 from .model import Message
 
 __all__ = [
     "WHOLE",
+    "CallCache",
     "FileEdit",
     "FileRead",
     "LineRange",
@@ -151,11 +153,37 @@ def same_file(a: str, b: str) -> bool:
 # -- the history -----------------------------------------------------------------------------
 
 
-def provenance(history: Sequence[Message], read_tools: Mapping[str, ReadTool]) -> Provenance:
+class CallCache:
+    """:func:`call_files` of each distinct call (name and arguments), kept: a resent history's
+    provenance then costs a dictionary probe per call instead of parsing its arguments (shell
+    scripts, patches) again on every request. Bounded; safe across threads."""
+
+    def __init__(self, read_tools: Mapping[str, ReadTool], size: int = 65536) -> None:
+        self.read_tools = read_tools
+        self._parsed: LRU[tuple[str, str], tuple[tuple[FileRead, ...], tuple[FileEdit, ...]]] = (
+            LRU(size))
+
+    def files(self, name: str, arguments: str, call_id: str, call_index: int,
+              ) -> tuple[tuple[FileRead, ...], tuple[FileEdit, ...]]:
+        key = (name, arguments)
+        found = self._parsed.get(key)
+        if found is None:
+            found = call_files(name, arguments, self.read_tools)
+            self._parsed.put(key, found)
+        reads, edits = found
+        if not reads and not edits:
+            return found
+        return (tuple(replace(r, call_id=call_id, call_index=call_index) for r in reads),
+                tuple(replace(e, call_id=call_id, call_index=call_index) for e in edits))
+
+
+def provenance(history: Sequence[Message], read_tools: Mapping[str, ReadTool], *,
+               cache: CallCache | None = None) -> Provenance:
     """Every file read and edit the tool calls of ``history`` make, in call order, each read
     with the index of the result answering it. Depends on each call and its own result
     only, so the provenance of a prefix of a history is that of the whole for the calls the
-    prefix holds (results after it aside)."""
+    prefix holds (results after it aside). ``cache`` (for ``read_tools``) keeps each call's
+    parse."""
     reads: list[FileRead] = []
     edits: list[FileEdit] = []
     waiting: dict[str, range] = {}  # call id -> its reads' positions, until its result
@@ -164,7 +192,9 @@ def provenance(history: Sequence[Message], read_tools: Mapping[str, ReadTool]) -
         role = m.get("role")
         if role == "assistant":
             for cid, name, args in tool_calls(m):
-                found, changed = call_files(name, args, read_tools, call_id=cid, call_index=i)
+                found, changed = (
+                    cache.files(name, args, cid, i) if cache is not None
+                    else call_files(name, args, read_tools, call_id=cid, call_index=i))
                 if found and cid:
                     waiting[cid] = range(len(reads), len(reads) + len(found))
                 reads += found

@@ -30,6 +30,8 @@ from ..store.tool_results import relative_path, result_id
 from . import ageing
 from .epoch import ageing_epoch
 from .files import first_line, json_args, tool_path
+from .filewise import FileForms, Form
+from .markers import Pointer
 from .model import FileWrite, Message, RequestView, StageOutcome, result_text
 from .native import native, newest_compaction
 from .notice import parse_notice
@@ -141,6 +143,7 @@ class Offloader:
         # alone): parsing every call of a long history again on each request is the cost.
         self._working: LRU[tuple[str, str, int, str], Mapping[int, str]] = LRU(4096)
         self.policies = Policies(config.policies)
+        self.filewise = FileForms(config)
         # The smallest size any cut applies to: anything at or below it is never touched.
         budgets = [config.old_max_bytes, config.recent_max_bytes]
         for policy in config.policies:
@@ -292,7 +295,7 @@ class Offloader:
             cid for i, p in self.policies.of_results(messages).items()
             if p.protect and isinstance(cid := messages[i].get("tool_call_id"), str))
         reads = read_calls(messages, self.config.read_tools)
-        _, spare = self._ageing(messages, request, texts, reads, aged_turns, seen, kept_from,
+        _, spare, _ = self._ageing(messages, request, texts, reads, aged_turns, seen, kept_from,
                                 protect_bytes)
         ids = (messages[i].get("tool_call_id") for i in spare)
         return never | frozenset(cid for cid in ids if isinstance(cid, str))
@@ -301,13 +304,14 @@ class Offloader:
         self, messages: list[Message], request: RequestView, texts: dict[int, str],
         reads: dict[str, ReadCall], aged_turns: int | None, seen: int | None, kept_from: int,
         protect_bytes: int | None,
-    ) -> tuple[int, frozenset[int]]:
-        """How many leading tool-call turns are aged, and the indices of the aged reads quote
-        protection keeps at their stage-1 cut."""
+    ) -> tuple[int, frozenset[int], int | None]:
+        """How many leading tool-call turns are aged, the indices of the aged reads quote
+        protection keeps at their stage-1 cut, and the history index the ageing was decided
+        at (the epoch's start; None: no ageing decided yet)."""
         c = self.config
         turn_of, turns = ageing.tool_turns(messages)
         if native(request).clears_tool_results:
-            return 0, frozenset()  # the provider clears old results itself: stage 2 stands down
+            return 0, frozenset(), seen  # the provider clears old results: stage 2 stands down
         if aged_turns is None:
             per_turn = [0] * turns
             for i, text in texts.items():
@@ -324,7 +328,7 @@ class Offloader:
             aged_upto = min(aged_turns, max(turns - c.recent_n, 0))
         budget = c.protect_edit_bytes if protect_bytes is None else protect_bytes
         if not aged_upto or budget <= 0:
-            return aged_upto, frozenset()
+            return aged_upto, frozenset(), seen
         frozen = max(_frozen(messages), kept_from)
         candidates: dict[int, int] = {}
         for i, text in texts.items():
@@ -336,7 +340,7 @@ class Offloader:
                 candidates[i] = len(kept.encode("utf-8", "surrogatepass"))
         return aged_upto, choose(
             self._working_set(messages, request, len(messages) if seen is None else seen),
-            candidates, budget)
+            candidates, budget), seen
 
     def _working_set(
         self, messages: list[Message], request: RequestView, seen: int
@@ -365,25 +369,46 @@ class Offloader:
         ``kept_from`` (replaced by the summary) are not protected; ``protect_bytes`` overrides
         ``offload.protect_edit_bytes``."""
         texts = self._texts(messages)
-        if not texts:
+        filewise = self.filewise.enabled and len(request.chains) == len(messages)
+        if not texts and not filewise:
             return StageOutcome(messages, False)
 
         reads = read_calls(messages, self.config.read_tools)
         turn_of, turns = ageing.tool_turns(messages)
-        aged_upto, spare = self._ageing(messages, request, texts, reads, aged_turns, seen,
-                                        kept_from, protect_bytes)
+        aged_upto, spare, epoch = self._ageing(messages, request, texts, reads, aged_turns, seen,
+                                               kept_from, protect_bytes)
 
         out = list(messages)
         files: list[FileWrite] = []
         offloaded = saved = 0
         frozen = _frozen(messages)
         policies = self.policies.of_results(messages)
+
+        def is_aged(i: int) -> bool:
+            return turn_of.get(i, turns) < aged_upto and i >= frozen and i not in spare
+
+        forms: dict[int, Form] = {}
+        if filewise:
+            forms = self.filewise.plan(
+                messages, request, seen=epoch or 0, first=max(frozen, kept_from),
+                aged_upto=aged_upto, policies=policies, aged=is_aged,
+                stays_whole=lambda i, text: self._fits(messages[i], text, reads,
+                                                       policies.get(i)),
+                saved=lambda text: self._pointer(request.identity, text))
+        kinds: dict[str, int] = {}
+        for i, form in forms.items():
+            text = result_text(messages[i].get("content")) or ""
+            out[i] = _with_text(messages[i], form.text)
+            files.append(FileWrite(i, self._entry(request.identity.tenant,
+                                                  request.identity.session, text).rid, text))
+            kinds[form.kind] = kinds.get(form.kind, 0) + 1
+            saved += len(text) - len(form.text)
         for i, text in texts.items():
             m = messages[i]
             policy = policies.get(i)
-            if policy is not None and policy.protect:
-                continue  # never cut (README "Per-tool policies")
-            aged = turn_of.get(i, turns) < aged_upto and i >= frozen and i not in spare
+            if i in forms or (policy is not None and policy.protect):
+                continue  # a file-aware form; or never cut (README "Per-tool policies")
+            aged = is_aged(i)
             read = reads.get(m.get("tool_call_id", ""))
             budget = self._budget(not aged, read.markdown if read else False, policy)
             if parse_notice(text) is not None:
@@ -398,7 +423,25 @@ class Offloader:
                 out[i] = _with_text(m, new)
                 offloaded += 1
                 saved += len(text) - len(new)
-        changed = offloaded > 0
+        changed = offloaded > 0 or bool(forms)
         stats = {"offloaded": offloaded, "offload_chars_saved": saved, "aged_turns": aged_upto,
-                 "quotes_protected": len(spare)}
+                 "quotes_protected": len(spare),
+                 **{f"files_{kind}": n for kind, n in kinds.items()}}
         return StageOutcome(out if changed else messages, changed, stats, tuple(files))
+
+    def _fits(self, message: Message, text: str, reads: Mapping[str, ReadCall],
+              policy: ToolPolicy | None) -> bool:
+        """Whether stage 1 forwards ``text`` whole (it fits its budget)."""
+        if 4 * len(text) <= self._floor:
+            return True
+        read = reads.get(message.get("tool_call_id", ""))
+        budget = self._budget(True, read.markdown if read else False, policy)
+        return len(text.encode("utf-8", "surrogatepass")) <= budget + self.config.slack_bytes
+
+    def _pointer(self, identity: Identity, text: str) -> Pointer:
+        """Where a file-aware form says the original is kept (the offloaded file, read as the
+        retrieval mode says)."""
+        rid = self._entry(identity.tenant, identity.session, text).rid
+        t = self._target(identity, rid)
+        return Pointer(t["file_path"], t["tool"], t.get("path_arg", "file_path"),
+                       t.get("line_arg", "start_line"))

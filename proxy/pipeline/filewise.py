@@ -1,0 +1,240 @@
+"""File-aware forms of tool results: which results a request forwards as a superseded/stale
+marker, a re-read delta or a reference to a duplicate (README "File-aware slimming").
+
+The rules are :mod:`.rereads` and :mod:`.dedupe` (pure); this module decides, for one history
+in one epoch, which of them applies to which result, in history order, in the order of
+precedence the offload stage gives them:
+
+1. a result a ``protect`` policy covers, one before the provider's compaction item, or one the
+   summary replaced: untouched here;
+2. a read in ``history[:seen]`` that is superseded or stale at this epoch (``seen``: where the
+   epoch began; :func:`.rereads.superseded`, decided on ``history[:seen]`` alone): its marker;
+3. a result stage 2 ages: left to stage 2;
+4. a read repeating an earlier read (same tool, file and range) still forwarded whole: a delta
+   against it when that is at most half its size (:func:`.rereads.delta_text`); else an output
+   repeating (spans of) earlier outputs still forwarded whole: references to them
+   (:func:`.dedupe.duplicate`). Both compare the *bodies*, the client's envelope aside
+   (:mod:`.envelope`: Claude Code's reminders, Codex's exec header), and forward the new body's
+   form inside the result's own envelope; Claude Code's ``Read`` line numbers (``12\\t``) are
+   left out of a diff, as an inserted line would change every line after it (the hunk headers
+   carry the numbers).
+
+A result is *whole* for rule 4 when nothing here or in the stages cuts or replaces it. Each
+decision depends on ``history[:i + 1]`` and the epoch (``seen`` and what the epoch's start
+decided for ``history[:seen]``) alone, so within an epoch the forwarded history only grows
+(:mod:`.epoch`), and decisions are kept per session and epoch, by each result's chain: a
+resent history costs a dictionary probe per result. Every original is kept by the caller (the
+offload stage's effects), as for any cut.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from ..config import OffloadConfig, ToolPolicy
+from ..lru import LRU
+from .dedupe import Earlier, duplicate
+from .envelope import split_envelope
+from .files import CallCache, Provenance, provenance
+from .markers import PREFIX, Pointer
+from .model import Message, RequestView, result_text
+from .notice import parse_notice, utf8_len
+from .rereads import Supersession, delta_text, marker, parse_delta, parse_marker, reread, superseded
+from .turns import RESULT_ROLES
+
+__all__ = ["MARK_MIN_BYTES", "FileForms", "Form", "plain_lines"]
+
+#: A read smaller than this is never replaced by a marker (a marker is ~250 bytes: below
+#: twice that, it would save too little for what it hides).
+MARK_MIN_BYTES: Final = 512
+# Claude Code's Read output: every line ``N\t...`` (older versions pad N, or use ``→``).
+_NUMBERED: Final = re.compile(r" *([0-9]+)[\t\u2192]")
+
+
+@dataclass(frozen=True, slots=True)
+class Form:
+    """A result's file-aware form: ``kind`` ("superseded", "stale", "unchanged", "delta",
+    "duplicate") and the text forwarded in its place."""
+
+    kind: str
+    text: str
+
+
+def plain_lines(body: str) -> tuple[int, str] | None:
+    """A body of consecutively numbered lines (Claude Code's ``Read``) as its first number and
+    the lines without their numbers; None when it is not one."""
+    lines = body.split("\n")
+    out: list[str] = []
+    first = expected = -1
+    for line in lines:
+        if line == "" and len(out) == len(lines) - 1:
+            out.append("")  # a trailing newline
+            break
+        m = _NUMBERED.match(line)
+        if m is None:
+            return None
+        n = int(m[1])
+        if first < 0:
+            first = expected = n
+        if n != expected:
+            return None
+        expected += 1
+        out.append(line[m.end():])
+    return (first, "\n".join(out)) if first >= 0 else None
+
+
+_EpochKey = tuple[str, str, int, str, int, int]
+
+
+class FileForms:
+    """The file-aware forms of a session's results, per epoch (one instance per process: its
+    caches are bounded)."""
+
+    def __init__(self, config: OffloadConfig) -> None:
+        self.config = config
+        self.enabled = config.supersede_reads or config.reread_deltas or config.dedupe
+        self.calls = CallCache(config.read_tools)
+        # (tenant, session, seen, chain at seen, kept_from, aged_upto) -> chain -> form
+        self._epochs: LRU[_EpochKey, dict[str, Form | None]] = LRU(4096)
+        self._marks: LRU[_EpochKey, Mapping[int, Supersession]] = LRU(4096)
+
+    def plan(
+        self,
+        history: Sequence[Message],
+        request: RequestView,
+        *,
+        seen: int,
+        first: int,
+        aged_upto: int,
+        policies: Mapping[int, ToolPolicy],
+        aged: Callable[[int], bool],
+        stays_whole: Callable[[int, str], bool],
+        saved: Callable[[str], Pointer],
+    ) -> dict[int, Form]:
+        """History index -> form, for the results that get one. ``seen``: where the epoch
+        began (0: before any); ``first``: the first result these rules may touch (before it:
+        replaced by the summary, or behind the provider's compaction item); ``aged(i)``:
+        stage 2 re-cuts result i; ``stays_whole(i, text)``: the stages leave result i whole
+        (it fits its budget); ``saved(text)``: where the caller keeps an original."""
+        chains = request.chains
+        if not self.enabled or len(chains) != len(history) or not history:
+            return {}
+        ident = request.identity
+        key: _EpochKey = (ident.tenant, ident.session, seen,
+                          chains[seen - 1] if seen > 0 else "", first, aged_upto)
+        memo = self._epochs.get(key)
+        if memo is None:
+            memo = {}
+            self._epochs.put(key, memo)
+        prov: Provenance | None = None
+        bodies: dict[int, str] = {}
+        whole: dict[int, bool] = {}
+        forms: dict[int, Form] = {}
+        for i, m in enumerate(history):
+            if i < first or m.get("role") not in RESULT_ROLES:
+                continue
+            text = result_text(m.get("content"))
+            if text is None:
+                continue
+            policy = policies.get(i)
+            if policy is not None and policy.protect:
+                whole[i] = True
+                continue
+            if _forwarded_form(text):
+                whole[i] = False  # a client that stored our forwarded text: left as it is
+                continue
+            if chains[i] in memo:
+                form = memo[chains[i]]
+            else:
+                if prov is None:
+                    prov = provenance(history, self.config.read_tools, cache=self.calls)
+                form = self._decide(history, request, i, text, prov, seen, key, policy, aged,
+                                    whole, bodies, saved)
+                memo[chains[i]] = form
+            if form is not None:
+                forms[i] = form
+            whole[i] = form is None and not aged(i) and stays_whole(i, text)
+        return forms
+
+    def _decide(
+        self, history: Sequence[Message], request: RequestView, i: int, text: str,
+        prov: Provenance, seen: int, key: _EpochKey, policy: ToolPolicy | None,
+        aged: Callable[[int], bool], whole: Mapping[int, bool], bodies: dict[int, str],
+        saved: Callable[[str], Pointer],
+    ) -> Form | None:
+        c = self.config
+        if i < seen and c.supersede_reads and utf8_len(text) >= MARK_MIN_BYTES:
+            marks = self._marks.get(key)
+            if marks is None:
+                marks = superseded(history, prov, seen)
+                self._marks.put(key, marks)
+            found = marks.get(i)
+            if found is not None:
+                return Form(found.kind, marker(found, saved=saved(text)))
+        if aged(i) or (policy is not None and not policy.dedupe):
+            return None
+        envelope = split_envelope(text)
+        body = envelope.body
+        if c.reread_deltas:
+            again = reread(history, prov, i, forwarded_whole=lambda j: whole.get(j, False))
+            if again is not None:
+                base = self._body(history, again.base_index, bodies)
+                old, new = base, body
+                numbered_old, numbered_new = plain_lines(base), plain_lines(body)
+                if (numbered_old is not None and numbered_new is not None
+                        and numbered_old[0] == numbered_new[0]):
+                    old, new = numbered_old[1], numbered_new[1]
+                delta = delta_text(old, new, path=again.read.path, base_call=again.base.call_id,
+                                   base_turn=again.base_turn, saved=saved(text))
+                if delta is not None:
+                    kind = "unchanged" if old == new else "delta"
+                    return Form(kind, envelope.wrap(delta))
+        if c.dedupe and utf8_len(body) >= c.dedupe_min_bytes:
+            turns = _turns(history, i)
+            earlier = [Earlier(j, _call_id(history[j]), turns[j], self._body(history, j, bodies))
+                       for j in sorted(whole) if whole[j] and j < i]
+            found_dup = duplicate(body, earlier, min_bytes=c.dedupe_min_bytes,
+                                  saved=saved(text))
+            if found_dup is not None:
+                return Form("duplicate", envelope.wrap(found_dup.text))
+        return None
+
+    @staticmethod
+    def _body(history: Sequence[Message], j: int, bodies: dict[int, str]) -> str:
+        found = bodies.get(j)
+        if found is None:
+            found = split_envelope(result_text(history[j].get("content")) or "").body
+            bodies[j] = found
+        return found
+
+    def forget(self) -> None:
+        self._epochs.clear()
+        self._marks.clear()
+
+
+def _turns(history: Sequence[Message], upto: int) -> list[int]:
+    """For every index below ``upto``, how many assistant messages come up to it (the turn
+    :func:`.rereads.turn_of` names), in one pass."""
+    out: list[int] = []
+    n = 0
+    for m in history[:upto]:
+        n += m.get("role") == "assistant"
+        out.append(n)
+    return out
+
+
+def _call_id(message: Message) -> str:
+    cid = message.get("tool_call_id")
+    return cid if isinstance(cid, str) else ""
+
+
+def _forwarded_form(text: str) -> bool:
+    """Whether ``text`` is a form the proxy forwards (a client that keeps the forwarded text
+    sends it back): a notice, a marker, a delta."""
+    if parse_notice(text) is not None or parse_marker(text) is not None:
+        return True
+    body = split_envelope(text).body
+    return parse_delta(body) is not None or body.startswith(PREFIX) or "\n" + PREFIX in body
