@@ -190,14 +190,20 @@ class ToolPolicy(_Section):
         "a duplicate; false: always whole (or cut).")
 
 
+# Stage 2's budget for the edit tools' results: the same as stage 1's (never aged below it).
+_EDIT_RESULT_BYTES = 51200
+
+
 def _default_policies() -> tuple[ToolPolicy, ...]:
     # The edit working set: an edit tool's result is the agent's view of the file right after
     # its change (Claude Code's Edit answers with a cat -n snippet of the edited region), small,
-    # and what the next edit quotes from.
-    # (Not the editor tools: one of them also views files, which must stay cuttable.)
+    # and what the next edit quotes from: never aged below its stage-1 form, never forwarded
+    # as a delta or a reference. Not ``protect``: a huge one is still cut on arrival, as the
+    # window must hold. (Not the editor tools: one of them also views files.)
     edits = ("Edit", "MultiEdit", "Write", "NotebookEdit", "apply_patch", "edit_file",
              "write_file", "create_file")
-    return tuple(ToolPolicy(tool=name, protect=True) for name in edits)
+    return tuple(ToolPolicy(tool=name, old_max_bytes=_EDIT_RESULT_BYTES, dedupe=False)
+                 for name in edits)
 
 
 class OffloadConfig(_Section):
@@ -267,8 +273,8 @@ class OffloadConfig(_Section):
         default_factory=_default_policies,
         description="Per-tool policies, the first that matches a result's call wins (by tool "
         "name or glob, and for shell tools by command): protect, budgets, dedupe. The "
-        "defaults protect the edit tools' results (the edit working set); a list you set "
-        "replaces them.")
+        "defaults keep the edit tools' results (the edit working set) at their stage-1 form "
+        "and never forward them as a delta or a reference; a list you set replaces them.")
 
 
 class GuardConfig(_Section):

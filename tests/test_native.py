@@ -275,8 +275,9 @@ def test_clear_tool_uses_stands_stage_two_down_but_not_stage_one(
     srv = make_proxy({"offload": {"recent_n": 1, "age_policy": "eager"},
                       "compaction": {"enabled": False}})
     mid = anth.big("a", 300)  # ~25 KB: under stage 1, over stage 2
+    other = anth.big("b", 300)  # another one (the same one twice would be a duplicate)
     huge = anth.big("h", 3000)  # over stage 1
-    messages = [anth.user("go"), *anth.turn(1, mid), *anth.turn(2, mid), *anth.turn(3, huge),
+    messages = [anth.user("go"), *anth.turn(1, mid), *anth.turn(2, other), *anth.turn(3, huge),
                 anth.user("and?")]
 
     def results(extra: dict[str, Any]) -> list[int]:
@@ -289,7 +290,7 @@ def test_clear_tool_uses_stands_stage_two_down_but_not_stage_one(
     clearing = {"edits": [{"type": "clear_tool_uses_20250919"}]}
     cleared = results({"context_management": clearing})
     assert aged[0] < 4000 and aged[1] < 4000  # stage 2 on its own
-    assert cleared[:2] == [len(mid), len(mid)]  # the provider clears them: untouched
+    assert cleared[:2] == [len(mid), len(other)]  # the provider clears them: untouched
     assert cleared[2] < len(huge)  # stage 1 still cuts the huge output on arrival
     assert fake.received[-1].json()["context_management"] == clearing
 

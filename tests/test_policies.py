@@ -61,7 +61,9 @@ def test_results_get_their_calls_policy() -> None:
                call("Edit", {"file_path": "/a.py", "old_string": "x", "new_string": "y"}, "e1"),
                result("e1"), result("orphan")]
     found = p.of_results(history)
-    assert list(found) == [4] and found[4].protect  # the default protects edit tools' results
+    # The defaults keep edit tools' results at their stage-1 form, never deltas or references.
+    assert list(found) == [4] and found[4].old_max_bytes == 51200 and not found[4].dedupe
+    assert not found[4].protect  # a huge one is still cut on arrival
     assert Policies([]).of_results(history) == {}
 
 

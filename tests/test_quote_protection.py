@@ -230,8 +230,7 @@ def test_a_relative_patch_path_matches_an_absolute_read() -> None:
 
 
 def offloader(tmp_path: Path, **offload: Any) -> Offloader:
-    """Quote protection alone: no per-tool policies (the default ones protect the edit tools'
-    own results too, tests/test_policies.py)."""
+    """Quote protection alone: no per-tool policies (tests/test_policies.py)."""
     offload.setdefault("policies", [])
     cfg = config_from_mapping({"offload": offload, "storage": {"data_dir": str(tmp_path)}})
     return Offloader(cfg.offload, cfg.retrieval, tmp_path)

@@ -86,7 +86,7 @@ def plain_lines(body: str) -> tuple[int, str] | None:
     return (first, "\n".join(out)) if first >= 0 else None
 
 
-_EpochKey = tuple[str, str, int, str, int, int]
+_EpochKey = tuple[str, str, int, str, int]
 
 
 class FileForms:
@@ -97,9 +97,34 @@ class FileForms:
         self.config = config
         self.enabled = config.supersede_reads or config.reread_deltas or config.dedupe
         self.calls = CallCache(config.read_tools)
-        # (tenant, session, seen, chain at seen, kept_from, aged_upto) -> chain -> form
+        # (tenant, session, seen, chain at seen, first) -> a result's chain -> its form
         self._epochs: LRU[_EpochKey, dict[str, Form | None]] = LRU(4096)
         self._marks: LRU[_EpochKey, Mapping[int, Supersession]] = LRU(4096)
+
+    def undecided(self, history: Sequence[Message], request: RequestView, *, seen: int,
+                  first: int) -> bool:
+        """Whether, in the epoch that began at ``seen``, some result of ``history`` big enough
+        for a rule is not decided yet (the caller moves a large request's stage off the event
+        loop for it: an epoch's start decides every result again)."""
+        chains = request.chains
+        if not self.enabled or len(chains) != len(history) or not history:
+            return False
+        memo = self._epochs.get(self._key(request, seen, first)) or {}
+        for i, m in enumerate(history):
+            if i >= first and m.get("role") in RESULT_ROLES and chains[i] not in memo:
+                text = result_text(m.get("content"))
+                if text is not None and 4 * len(text) >= MARK_MIN_BYTES:
+                    return True
+        return False
+
+    @staticmethod
+    def _key(request: RequestView, seen: int, first: int) -> _EpochKey:
+        # What the epoch's decisions depend on besides each result's own prefix: where the
+        # epoch began (its history, by the chain there: ageing, quote protection and the
+        # superseded reads are functions of it) and the first result the rules may touch.
+        chains = request.chains
+        return (request.identity.tenant, request.identity.session, seen,
+                chains[seen - 1] if 0 < seen <= len(chains) else "", first)
 
     def plan(
         self,
@@ -108,7 +133,6 @@ class FileForms:
         *,
         seen: int,
         first: int,
-        aged_upto: int,
         policies: Mapping[int, ToolPolicy],
         aged: Callable[[int], bool],
         stays_whole: Callable[[int, str], bool],
@@ -122,9 +146,7 @@ class FileForms:
         chains = request.chains
         if not self.enabled or len(chains) != len(history) or not history:
             return {}
-        ident = request.identity
-        key: _EpochKey = (ident.tenant, ident.session, seen,
-                          chains[seen - 1] if seen > 0 else "", first, aged_upto)
+        key = self._key(request, seen, first)
         memo = self._epochs.get(key)
         if memo is None:
             memo = {}

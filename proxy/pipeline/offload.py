@@ -254,9 +254,11 @@ class Offloader:
         changed = any(a is not b for a, b in zip(out, messages, strict=True))
         return StageOutcome(out if changed else messages, changed, {}, tuple(files))
 
-    def needs_work(self, messages: list[Message], request: RequestView) -> bool:
-        """Whether :meth:`run` would cut a result it has not cut before (truncating megabytes
-        is worth a worker thread; a resent history is a dictionary probe per result)."""
+    def needs_work(self, messages: list[Message], request: RequestView, *,
+                   seen: int | None = None, kept_from: int = 0) -> bool:
+        """Whether :meth:`run` (with these ``seen``, ``kept_from``) would cut a result it has
+        not cut before, or decide a file-aware form not decided yet (truncating megabytes is
+        worth a worker thread; a resent history is a dictionary probe per result)."""
         tenant, session = request.identity.tenant, request.identity.session
         for m in messages:
             if m.get("role") in RESULT_ROLES:
@@ -265,7 +267,9 @@ class Offloader:
                     (tenant, session, text) not in self._cache
                 ):
                     return True
-        return False
+        # A result the file-aware rules have not decided yet (a delta, a search for repeats).
+        return self.filewise.undecided(messages, request, seen=seen or 0,
+                                       first=max(_frozen(messages), kept_from))
 
     # -- the stage -------------------------------------------------------------------------
 
@@ -311,7 +315,9 @@ class Offloader:
         c = self.config
         turn_of, turns = ageing.tool_turns(messages)
         if native(request).clears_tool_results:
-            return 0, frozenset(), seen  # the provider clears old results: stage 2 stands down
+            # The provider clears old results itself: stage 2 (and with it every rewrite at an
+            # epoch, superseded reads too) stands down.
+            return 0, frozenset(), None
         if aged_turns is None:
             per_turn = [0] * turns
             for i, text in texts.items():
@@ -391,7 +397,7 @@ class Offloader:
         if filewise:
             forms = self.filewise.plan(
                 messages, request, seen=epoch or 0, first=max(frozen, kept_from),
-                aged_upto=aged_upto, policies=policies, aged=is_aged,
+                policies=policies, aged=is_aged,
                 stays_whole=lambda i, text: self._fits(messages[i], text, reads,
                                                        policies.get(i)),
                 saved=lambda text: self._pointer(request.identity, text))

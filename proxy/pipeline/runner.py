@@ -289,8 +289,9 @@ class Pipeline:
     async def _offload(
         self, history: list[Message], request: RequestView, summary: SummaryRecord | None
     ) -> StageOutcome:
-        heavy = request.large and self.offloader.needs_work(history, request)
         ageing = self._ageing(history, request, summary)
+        heavy = request.large and self.offloader.needs_work(
+            history, request, seen=ageing["seen"], kept_from=ageing["kept_from"])
         outcome = await self._cpu(
             heavy, lambda: self.offloader.run(history, request, **ageing)
         )
