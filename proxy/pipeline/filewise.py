@@ -10,10 +10,11 @@ precedence the offload stage gives them:
 2. a read in ``history[:seen]`` that is superseded or stale at this epoch (``seen``: where the
    epoch began; :func:`.rereads.superseded`, decided on ``history[:seen]`` alone): its marker;
 3. a result stage 2 ages: left to stage 2;
-4. a read repeating an earlier read (same tool, file and range) still forwarded whole: a delta
-   against it when that is at most half its size (:func:`.rereads.delta_text`); else an output
-   repeating (spans of) earlier outputs still forwarded whole: references to them
-   (:func:`.dedupe.duplicate`). Both compare the *bodies*, the client's envelope aside
+4. a read arriving in this epoch that repeats an earlier read (same tool, file and range)
+   still forwarded whole: a delta against it when that is at most half its size
+   (:func:`.rereads.delta_text`); else an output repeating (spans of) earlier outputs still
+   forwarded whole: references to them (:func:`.dedupe.duplicate`), for a read only when it
+   arrived in this epoch (at an epoch's start a read before it is verbatim or a marker). Both compare the *bodies*, the client's envelope aside
    (:mod:`.envelope`: Claude Code's reminders, Codex's exec header), and forward the new body's
    form inside the result's own envelope; Claude Code's ``Read`` line numbers (``12\\t``) are
    left out of a diff, as an inserted line would change every line after it (the hunk headers
@@ -197,6 +198,12 @@ class FileForms:
             if found is not None:
                 return Form(found.kind, marker(found, saved=saved(text)))
         if aged(i) or (policy is not None and not policy.dedupe):
+            return None
+        # Before the epoch's start a read is verbatim or a marker: a delta is an arrival's form
+        # (the next epoch forwards the newest read of each file whole), and neither is a read
+        # forwarded as a reference to a copy.
+        a_read = any(r.result_index == i for r in prov.reads)
+        if i < seen and a_read:
             return None
         envelope = split_envelope(text)
         body = envelope.body
