@@ -201,3 +201,19 @@ def _expands(text: str, earlier: list[Earlier], want: str) -> bool:
         return expand(text, earlier) == want
     except ValueError:
         return False
+
+
+def test_the_ledger_names_each_form(tmp_path: Path) -> None:
+    from proxy.ledger.changes import describe
+
+    history = session(7, 30)
+    off = offloader(tmp_path)
+    seen = len(history) - 10
+    out = forward(off, history, seen)
+    changes = describe(history, out.messages, tenant="t", session="s")
+    kinds = {c.what for c in changes}
+    assert kinds & {"superseded", "stale"} and kinds & {"unchanged", "delta", "duplicate"}
+    saved = {f.rid for f in out.files}
+    for c in changes:
+        assert c.file is not None and c.file.removeprefix("tool_result/").removesuffix(".txt") in saved
+        assert c.reason and c.bytes_after < c.bytes_before

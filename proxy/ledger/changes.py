@@ -16,6 +16,11 @@ be aligned with the client's history in one walk, and each difference named:
 ``replayed``   the proxy's read rounds put back before the answer they led to
 ``placeholder``  a result inserted for a tool call the history left unanswered
 ``thinking``   an assistant turn forwarded without its signed thinking blocks
+``superseded`` a read forwarded as a one-line marker at a compaction: read again since
+``stale``      ... or its file changed since
+``unchanged``  a re-read forwarded as "unchanged since" the earlier read still in context
+``delta``      a re-read forwarded as a unified diff against that read
+``duplicate``  an output forwarded with its repeated part as a reference to an earlier one
 ``changed``    any other rewrite of a message
 =============  ==========================================================================
 
@@ -35,9 +40,12 @@ from typing import Any
 
 from ..compaction.message import is_summary_message
 from ..memory.inject import is_memory_message
+from ..pipeline.envelope import split_envelope
 from ..pipeline.epoch import THINKING_DROPPED
+from ..pipeline.markers import PREFIX
 from ..pipeline.model import WIRE, Message, result_text
 from ..pipeline.notice import split_notice, utf8_len
+from ..pipeline.rereads import parse_delta, parse_marker
 from ..pipeline.turns import RESULT_ROLES
 from ..pipeline.validate import PLACEHOLDER
 from ..store.tool_results import relative_path, result_id
@@ -82,6 +90,12 @@ def _cut(
         "tool": tools.get(call_id) if isinstance(call_id, str) else None,
         "bytes_before": _size(original), "bytes_after": _size(forwarded),
     }
+    if before is not None and after is not None:
+        form = _file_form(before, after)
+        if form is not None:
+            what, reason = form
+            return Change(what, reason, file=relative_path(result_id(tenant, session, before)),
+                          **common)
     split = split_notice(after) if after is not None else None
     if before is None or split is None:
         return Change("changed", "tool result rewritten", **common)
@@ -104,6 +118,34 @@ def _cut(
             f"over {recent_max_bytes:,} bytes on arrival: cut to {kept:,} of {total:,} bytes "
             f"(lines {notice.next_line:,}+ of {notice.total_lines:,} offloaded)")
     return Change(what, reason, kept_bytes=kept, notice=notice.render(), file=file, **common)
+
+
+def _file_form(before: str, after: str) -> tuple[str, str] | None:
+    """A file-aware form (README "File-aware slimming") of ``before``: its kind and reason."""
+    mark = parse_marker(after)
+    if mark is not None:
+        s = mark[0]
+        if s.kind == "superseded":
+            return "superseded", (f"superseded at a compaction: {s.path} was read again in turn "
+                                  f"{s.by_turn} (call {s.by_call}) showing these lines too")
+        return "stale", (f"stale at a compaction: {s.path} was changed since, in turn "
+                         f"{s.by_turn} (call {s.by_call})")
+    envelope = split_envelope(before)
+    if not (after.startswith(envelope.head) and after.endswith(envelope.tail)):
+        return None
+    body = after[len(envelope.head): len(after) - len(envelope.tail)]
+    delta = parse_delta(body)
+    if delta is not None:
+        if delta.unchanged:
+            return "unchanged", (f"a re-read of {delta.path} unchanged since the read in turn "
+                                 f"{delta.base_turn} (call {delta.base_call}), still forwarded "
+                                 "whole: one line in its place")
+        return "delta", (f"a re-read of {delta.path} forwarded as a unified diff against the "
+                         f"read in turn {delta.base_turn} (call {delta.base_call})")
+    if body.startswith(PREFIX) or "\n" + PREFIX in body:
+        return "duplicate", ("repeats an earlier output still forwarded whole: the repeated "
+                             "part is a reference to it")
+    return None
 
 
 def describe(
