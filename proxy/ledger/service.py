@@ -71,6 +71,8 @@ log = logging.getLogger("proxy.store")
 _TTL_1H: Final = re.compile(rb'"ttl"\s*:\s*"1h"')
 # How long the writer gathers entries before a commit.
 _FLUSH_S: Final = 0.02
+# Change kinds whose forwarded text the proxy wrote in place of the content (proxy.ledger.changes).
+_OWN_FORMS: Final = frozenset({"superseded", "stale", "unchanged", "delta", "duplicate"})
 # Below this many items a request is recorded as its response ends, not in a task of its own.
 _INLINE_ITEMS: Final = 200
 # From this many items, the ledger's CPU work (chains, the change list) moves to a thread.
@@ -431,11 +433,24 @@ class Ledger:
             estimate = self._estimated(forwarded, shared, cacheable, ttl, output, api)
         billed = first or estimate or Usage()
 
+        since = 0
+        if not (epoch_start or change is None or not change.extends or prev_request is None):
+            since = self._since(parsed, change.items)
+        changes: tuple[Change, ...] = ()
+        if result.changed:
+            changes = tuple(describe(
+                parsed.history, result.messages, tenant=ident.tenant, session=ident.session,
+                evicted=result.evicted, since=since, old_max_bytes=self.offload.old_max_bytes,
+                recent_max_bytes=self.offload.recent_max_bytes))
+
         # The provider's count calibrates the proxy's (proxy.ledger.cache): the content this
-        # request added, when it extends the previous one in the same epoch.
+        # request added, when it extends the previous one in the same epoch and none of it was
+        # forwarded in a form the proxy wrote (a marker, a delta or a reference is not the
+        # content it stands for, and tokenizes unlike it).
+        rewritten = any(c.what in _OWN_FORMS for c in changes)
         scale: float | None = None
         if (first is not None and prev_request is not None and prev_request.usage is not None
-                and extends and not epoch_start):
+                and extends and not epoch_start and not rewritten):
             scale = local_scale(prev_request.usage.prompt, first.prompt,
                                 prev_request.tokens_forwarded, forwarded)
         if scale is None and prev_request is not None:
@@ -473,15 +488,6 @@ class Ledger:
                               and last.usage is not None, gap=gap, ttl=ttl,
                               epoch_start=epoch_start, change=change, cacheable=cacheable,
                               head=self._leading(items))
-        since = 0
-        if not (epoch_start or change is None or not change.extends or prev_request is None):
-            since = self._since(parsed, change.items)
-        changes: tuple[Change, ...] = ()
-        if result.changed:
-            changes = tuple(describe(
-                parsed.history, result.messages, tenant=ident.tenant, session=ident.session,
-                evicted=result.evicted, since=since, old_max_bytes=self.offload.old_max_bytes,
-                recent_max_bytes=self.offload.recent_max_bytes))
         sent_at = list(calls.sent_at)
         entries = [LedgerEntry(
             tenant=ident.tenant, session=ident.session, id=ticket.id, request=ticket.id,
