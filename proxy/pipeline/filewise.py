@@ -43,7 +43,16 @@ from .files import CallCache, Provenance, provenance
 from .markers import PREFIX, Pointer
 from .model import Message, RequestView, result_text
 from .notice import parse_notice, utf8_len
-from .rereads import Supersession, delta_text, marker, parse_delta, parse_marker, reread, superseded
+from .rereads import (
+    Supersession,
+    delta_text,
+    marker,
+    parse_delta,
+    parse_marker,
+    reread,
+    superseded,
+    turns_upto,
+)
 from .turns import RESULT_ROLES
 
 __all__ = ["MARK_MIN_BYTES", "FileForms", "Form", "plain_lines"]
@@ -222,7 +231,7 @@ class FileForms:
                     kind = "unchanged" if old == new else "delta"
                     return Form(kind, envelope.wrap(delta))
         if c.dedupe and utf8_len(body) >= c.dedupe_min_bytes:
-            turns = _turns(history, i)
+            turns = turns_upto(history, i)
             earlier = [Earlier(j, _call_id(history[j]), turns[j], self._body(history, j, bodies))
                        for j in sorted(whole) if whole[j] and j < i]
             found_dup = duplicate(body, earlier, min_bytes=c.dedupe_min_bytes,
@@ -242,17 +251,6 @@ class FileForms:
     def forget(self) -> None:
         self._epochs.clear()
         self._marks.clear()
-
-
-def _turns(history: Sequence[Message], upto: int) -> list[int]:
-    """For every index below ``upto``, how many assistant messages come up to it (the turn
-    :func:`.rereads.turn_of` names), in one pass."""
-    out: list[int] = []
-    n = 0
-    for m in history[:upto]:
-        n += m.get("role") == "assistant"
-        out.append(n)
-    return out
 
 
 def _call_id(message: Message) -> str:

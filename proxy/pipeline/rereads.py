@@ -62,6 +62,7 @@ __all__ = [
     "split_lines",
     "superseded",
     "turn_of",
+    "turns_upto",
 ]
 
 #: A delta is forwarded only when it is at most this share of the new output's UTF-8 bytes.
@@ -97,7 +98,7 @@ def turn_of(history: Sequence[Message], index: int) -> int:
     return sum(1 for m in history[: index + 1] if m.get("role") == "assistant")
 
 
-def _turns(history: Sequence[Message], upto: int) -> list[int]:
+def turns_upto(history: Sequence[Message], upto: int) -> list[int]:
     """turn_of for every index below ``upto``, in one pass."""
     out: list[int] = []
     n = 0
@@ -277,7 +278,7 @@ def superseded(
             at = order(e.call_id, e.call_index)
             changes.setdefault(_basename(e.path), []).append((at, e))
 
-    turns = _turns(history, seen)
+    turns = turns_upto(history, seen)
     out: dict[int, Supersession] = {}
     for r in reads:
         i = r.result_index
