@@ -179,7 +179,6 @@ def test_the_file_aware_forms_keep_their_promises(
                         for j, b in whole.items() if j < i]
                 assert _expands(got, refs, mine), f"result {i}: references do not expand"
         previous = out.messages
-    assert originals  # the sessions always have something to slim
 
 
 def _applies(base: str, delta: str, new: str) -> bool:
