@@ -164,8 +164,11 @@ def test_the_file_aware_forms_keep_their_promises(
             if m["role"] != "tool" or m["content"] == history[i]["content"]:
                 continue
             kind = _kind(m["content"])
+            # Each form names where its original is kept, and it is kept there, whole.
+            rid = m["content"].split("tool_result/", 1)[1].split(".txt", 1)[0]
+            assert originals.get(rid) == result_text(history[i]["content"])
             if kind not in ("delta", "reference"):
-                continue  # a marker replaces the whole result (its original kept: above)
+                continue  # a marker replaces the whole result
             envelope = split_envelope(history[i]["content"])
             mine = envelope.body
             # The form, inside the result's own envelope.
