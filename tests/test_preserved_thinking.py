@@ -239,7 +239,9 @@ def test_the_read_tools_rounds_refuse_nothing(
     out, with the answer's thinking, once a compaction began a new one."""
     fake, url = checking
     model = Model(fake, reads=True)
-    [srv] = proxies(url, tmp_path, window=90_000)  # epochs of a few turns
+    # A kept share large enough that a compaction keeps reads and their re-reads (markers).
+    [srv] = proxies(url, tmp_path, compaction={"context_windows": {MODEL: 40_000},
+                                               "keep_recent_ratio": 0.6})  # epochs of a few turns
     with srv:
         run([srv.url], ["huge", "small", "huge", "medium", "huge", "small", "huge", "medium",
                         "huge", "small", "huge", "medium"])
@@ -249,3 +251,90 @@ def test_the_read_tools_rounds_refuse_nothing(
     assert any(any(b.get("name") == "read_offloaded" for m in body["messages"][:-2]
                    if m["role"] == "assistant" for b in m["content"])
                for body in forwarded(fake))
+
+
+# -- file-aware forms (issue 22): re-reads, edits, repeated outputs ------------------------------
+
+FILES = {p: "".join(f"def {p[1]}_{i}(x):\n    return x * {i}  # {p}\n" for i in range(n))
+         for p, n in (("/a.py", 400), ("/b.py", 300), ("/c.py", 900))}
+LOG = "".join(f"tests/test_{k}.py::test_{j} PASSED\n" for k in range(6) for j in range(60))
+# Each step: the call the model makes; the client answers it as Claude Code would.
+PLAN: list[tuple[str, dict[str, Any]]] = [
+    ("Read", {"file_path": "/a.py"}), ("Read", {"file_path": "/b.py"}),
+    ("Bash", {"cmd": "pytest -q"}), ("Read", {"file_path": "/a.py"}),
+    ("Edit", {"file_path": "/a.py", "old_string": "return x * 7  # /a.py",
+              "new_string": "return -x  # /a.py"}),
+    ("Read", {"file_path": "/a.py"}), ("Bash", {"cmd": "pytest -q"}),
+    ("Read", {"file_path": "/c.py"}), ("Read", {"file_path": "/b.py"}),
+    ("Read", {"file_path": "/c.py"}), ("Bash", {"cmd": "pytest -q"}),
+    ("Read", {"file_path": "/a.py"}), ("Read", {"file_path": "/c.py"}),
+    ("Read", {"file_path": "/b.py"}),
+]
+
+
+class FileModel(Model):
+    """A thinking model working through PLAN, one call per turn."""
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        if is_fold(body) or is_summarizer(body):
+            return super().__call__(body)
+        n = sum(1 for m in body["messages"] if m["role"] == "assistant"
+                and any(b.get("type") == "tool_use" and not str(b.get("id")).startswith(
+                    "toolu_r") for b in m["content"]))
+        name, args = PLAN[min(n, len(PLAN) - 1)]
+        return Reply(content=None, reasoning=f"step {n}: {name}", tool_calls=[
+            {"name": name, "id": f"toolu_{n}_{uuid.uuid4().hex[:6]}", "arguments": args}])
+
+
+def _answer(name: str, args: dict[str, Any], files: dict[str, str], n: int) -> str:
+    reminder = f"\n\n<system-reminder>\n<total_tokens>{10**6 - n} tokens left</total_tokens>"
+    reminder += "\n</system-reminder>"
+    if name == "Read":
+        lines = files[args["file_path"]].split("\n")
+        return "\n".join(f"{i}\t{line}" for i, line in enumerate(lines, 1)) + reminder
+    if name == "Edit":
+        files[args["file_path"]] = files[args["file_path"]].replace(
+            args["old_string"], args["new_string"])
+        return f"The file {args['file_path']} has been updated successfully." + reminder
+    return LOG + reminder
+
+
+def test_file_aware_forms_refuse_nothing(
+    checking: tuple[FakeUpstream, str], tmp_path: Path
+) -> None:
+    """Re-reads forwarded as deltas, repeats as references, superseded reads as markers at
+    the compactions: every signed thinking block still finds the prefix it was made with."""
+    fake, url = checking
+    model = FileModel(fake)
+    files = dict(FILES)
+    # A kept share large enough that a compaction keeps reads and their re-reads (markers).
+    [srv] = proxies(url, tmp_path, compaction={"context_windows": {MODEL: 40_000},
+                                               "keep_recent_ratio": 0.6})
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "fix a.py"}]}]
+    headers = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01",
+               "x-claude-code-session-id": f"pt-{uuid.uuid4().hex[:12]}"}
+    tools = [{"name": n, "input_schema": {"type": "object"}} for n in ("Read", "Edit", "Bash")]
+    with srv, httpx.Client(timeout=60) as client:
+        for n in range(len(PLAN)):
+            payload = {"model": MODEL, "max_tokens": 2048, "tools": tools, "messages": history,
+                       "system": [{"type": "text", "text": "You fix files.",
+                                   "cache_control": {"type": "ephemeral"}}],
+                       "thinking": {"type": "adaptive"}}
+            r = client.post(srv.url + "/v1/messages", json=payload, headers=headers)
+            assert r.status_code == 200, r.text[:500]
+            answer = r.json()
+            history.append({"role": "assistant", "content": answer["content"]})
+            history.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": b["id"],
+                 "content": _answer(b["name"], b["input"], files, n)}
+                for b in answer["content"] if b.get("type") == "tool_use"]})
+    no_refusals(fake)
+    sent = forwarded(fake)
+    texts = [str(blk.get("content")) for b in sent for m in b["messages"] if m["role"] == "user"
+             for blk in m["content"] if isinstance(blk, dict) and blk.get("type") == "tool_result"]
+    assert model.summaries >= 1  # an epoch boundary with markers
+    assert any("[ctxproxy: unchanged since" in t for t in texts)
+    assert any("[ctxproxy: changed since" in t for t in texts)
+    assert any("[ctxproxy: identical to the output" in t for t in texts)
+    assert any(" superseded by the Read" in t or "stale:" in t for t in texts)
