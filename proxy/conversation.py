@@ -186,9 +186,9 @@ class Conversation:
         finally:
             span.end(error=failure, disconnected=disconnected, rounds=rounds.rounds)
             writes.finish(disconnected=disconnected)
+            answer = tap.answer()  # assembled once: the replays, the archive and the ledger
             if not rounds.replayable and not parsed.continued:
-                svc.replays.answered(identity, fmt.name, parsed.history, tap.answer())
-            answer = tap.answer()
+                svc.replays.answered(identity, fmt.name, parsed.history, answer)
             svc.archive.record_answer_later(
                 identity, sent, chains, answer, result.stats, writes, rounds.internal,
                 recorded=any(archived),
@@ -200,7 +200,6 @@ class Conversation:
                 usages=rounds.calls if rounds.calls else [tap.usage()],
                 sent_at=rounds.sent_at, answer=answer, read_tool=reads)
 
-
             def recorded(entries: Sequence[LedgerEntry]) -> None:
                 # The span is exported with the ledger's figures (usage, cost, cache reason),
                 # which exist only once the answer is in; without them, now.
@@ -210,7 +209,7 @@ class Conversation:
                     span.close()
 
             svc.ledger.finish(ticket, parsed=parsed, chains=chains, raw=raw, result=result,
-                              calls=calls, writes=writes, done=recorded)
+                              calls=calls, writes=writes, large=large, done=recorded)
 
 
 async def _via_reads(

@@ -38,7 +38,6 @@ import orjson
 from ..background import Background
 from ..config import LedgerConfig, OffloadConfig
 from ..formats import Parsed
-from ..formats import json as rawjson
 from ..formats.messages import strip_cache_control
 from ..lru import LRU
 from ..metrics import Metrics
@@ -46,7 +45,7 @@ from ..pipeline.count import RequestCounter
 from ..pipeline.model import PipelineResult
 from ..pipeline.turns import LEADING_ROLES
 from ..session import Identity
-from ..store.chains import DigestCacheLike, chain_hashes
+from ..store.chains import DigestCacheLike, canonical, chain_hashes
 from ..store.interfaces import LedgerStore
 from ..writes import Writes
 from .cache import (
@@ -73,10 +72,6 @@ _TTL_1H: Final = re.compile(rb'"ttl"\s*:\s*"1h"')
 _FLUSH_S: Final = 0.02
 # Change kinds whose forwarded text the proxy wrote in place of the content (proxy.ledger.changes).
 _OWN_FORMS: Final = frozenset({"superseded", "stale", "unchanged", "delta", "duplicate"})
-# Below this many items a request is recorded as its response ends, not in a task of its own.
-_INLINE_ITEMS: Final = 200
-# From this many items, the ledger's CPU work (chains, the change list) moves to a thread.
-_LARGE_ITEMS: Final = 2000
 
 
 
@@ -123,6 +118,10 @@ class RequestCalls:
     sent_at: Sequence[float]  # unix seconds each call was sent (may be empty)
     answer: Any  # the answer as archived (for an estimate of its output)
     read_tool: bool = False  # the proxy's read tool went out with the request
+
+
+# What recording a request takes: ticket, parsed, chains, raw, result, calls.
+_Args = tuple[Ticket, Parsed, Sequence[str], bytes, PipelineResult, RequestCalls]
 
 
 @dataclass(slots=True)
@@ -202,32 +201,25 @@ class Ledger:
         result: PipelineResult,
         calls: RequestCalls,
         writes: Writes,
+        large: bool = False,
         done: Callable[[Sequence[LedgerEntry]], None] | None = None,
     ) -> None:
-        """Record the request in the background; ``done`` is told of its entries (the request's
-        first, then its read rounds; none when nothing is recorded)."""
+        """Record the request; ``done`` is told of its entries (the request's first, then its
+        read rounds; none when nothing is recorded). ``large``: a body whose records (its
+        chains, the change list) are worth a worker thread."""
         if ticket is None or writes.dropped or calls.status is None or not (
                 200 <= calls.status < 300):
             if done is not None:
                 done(())
             return
-        key = (ticket.identity.tenant, ticket.identity.session)
-        state = self._state.get(key)
-        if state is not None and not self.shared and len(parsed.items) < _INLINE_ITEMS:
-            # The common case, done now (tens of microseconds): the session's previous call is
-            # in memory and the request is small; the write itself is queued.
-            try:
-                entries, mf_chains = self._entries(ticket, parsed, chains, raw, result, calls,
-                                                   state)
-            except Exception:
-                log.exception("recording the ledger failed; the request was served")
-                if done is not None:
-                    done(())
-                return
-            self._state.put(key, _State(entries[-1], entries[0], mf_chains))
-            self._queue(entries, done)
+        args = (ticket, parsed, chains, raw, result, calls)
+        state = self._state.get((ticket.identity.tenant, ticket.identity.session))
+        if state is None or self.shared or large:
+            self.background.spawn(self._record(args, large, done))
             return
-        self.background.spawn(self._record(ticket, parsed, chains, raw, result, calls, done))
+        # The common case, done now (tens of microseconds): the session's previous call is in
+        # memory and the request is small; only the write is queued.
+        self._recorded(args, state, done)
 
     def record_call(self, identity: Identity, call: Call) -> None:
         """A summarizer or fold call (CallSink): recorded when the provider answered."""
@@ -250,34 +242,42 @@ class Ledger:
             self._locks.put(key, lock)
         return lock
 
-    async def _record(
-        self, ticket: Ticket, parsed: Parsed, chains: Sequence[str], raw: bytes,
-        result: PipelineResult, calls: RequestCalls,
-        done: Callable[[Sequence[LedgerEntry]], None] | None,
-    ) -> None:
+    async def _record(self, args: _Args, large: bool,
+                      done: Callable[[Sequence[LedgerEntry]], None] | None) -> None:
+        """The previous call is to be read from the store (none in memory, or another replica
+        may have served the session since), or the request is large: in a task, one per
+        session at a time."""
+        ident = args[0].identity
         try:
-            ident = ticket.identity
-            key = (ident.tenant, ident.session)
-            args = (ticket, parsed, chains, raw, result, calls)
-            large = len(parsed.items) >= _LARGE_ITEMS
-            state = self._state.get(key)
-            if state is not None and not self.shared and not large:
-                # The previous call is in memory: computing from it and keeping the new state
-                # happen with no await between (no lock needed).
-                entries, mf_chains = self._entries(*args, state)
-            else:
-                async with self._lock(key):
-                    state = await self._previous(key)
-                    if large:
-                        entries, mf_chains = await asyncio.to_thread(self._entries, *args, state)
-                    else:
-                        entries, mf_chains = self._entries(*args, state)
-            self._state.put(key, _State(entries[-1], entries[0], mf_chains))
+            async with self._lock((ident.tenant, ident.session)):
+                state = await self._previous((ident.tenant, ident.session))
+                if large:
+                    entries, mf_chains = await asyncio.to_thread(self._entries, *args, state)
+                else:
+                    entries, mf_chains = self._entries(*args, state)
         except Exception:
             log.exception("recording the ledger failed; the request was served")
             if done is not None:
                 done(())
             return
+        self._keep_and_queue(ident, entries, mf_chains, done)
+
+    def _recorded(self, args: _Args, state: _State,
+                  done: Callable[[Sequence[LedgerEntry]], None] | None) -> None:
+        try:
+            entries, mf_chains = self._entries(*args, state)
+        except Exception:
+            log.exception("recording the ledger failed; the request was served")
+            if done is not None:
+                done(())
+            return
+        self._keep_and_queue(args[0].identity, entries, mf_chains, done)
+
+    def _keep_and_queue(self, ident: Identity, entries: list[LedgerEntry],
+                        mf_chains: Sequence[str] | None,
+                        done: Callable[[Sequence[LedgerEntry]], None] | None) -> None:
+        """The session's new previous call (in memory, at once), and the entries' write."""
+        self._state.put((ident.tenant, ident.session), _State(entries[-1], entries[0], mf_chains))
         self._queue(entries, done)
 
     async def _previous(self, key: tuple[str, str]) -> _State | None:
@@ -373,17 +373,16 @@ class Ledger:
         ttl = 3600.0 if b'"1h"' in raw and _TTL_1H.search(raw) else self.config.cache_ttl_s
         return ttl, True
 
-    def _head(self, model: str, raw: bytes) -> str:
+    @staticmethod
+    def _head(model: str, body: Mapping[str, Any]) -> str:
         """A digest of what precedes the conversation in the provider's cache: the model (each
-        has its own cache) and the tools, as the client wrote them."""
+        has its own cache) and the tools, as the client declared them (from the parsed body: no
+        second decode of a body that may be megabytes)."""
         h = hashlib.sha256(model.encode())
-        try:
-            tools = rawjson.members(raw).get("tools")
-        except Exception:
-            tools = None
+        tools = body.get("tools")
         if tools is not None:
             h.update(b"\0")
-            h.update(bytes(tools))
+            h.update(canonical(tools))
         return h.hexdigest()[:32]
 
     def _entries(
@@ -406,7 +405,7 @@ class Ledger:
             mf = marker_free_chains(items, chains, self.digest_cache) if api == "messages" \
                 else chains
             prefix = Prefix(items=len(items), last=mf[-1] if mf else "",
-                            head=self._head(model, raw), ttl_s=ttl, cacheable=cacheable)
+                            head=self._head(model, parsed.body), ttl_s=ttl, cacheable=cacheable)
             before = state.request.prefix if state and state.request else None
             change = compare(before, prefix, mf, state.chains if state else None)
         usages = [parse_usage(api, u) for u in calls.usages] or [None]
