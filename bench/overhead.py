@@ -270,19 +270,15 @@ def main() -> None:
             if "base" in row:
                 print(f"{kind:9} proxy   vs base: {row['proxy']['rps'] / row['base']['rps']:.2f}x "
                       f"throughput, p50 {row['proxy']['p50'] - row['base']['p50']:+.2f} ms")
-            if "noledg" in row:
-                on, off = statistics.median(cpu[(kind, "proxy")]), statistics.median(
-                    cpu[(kind, "noledg")])
-                print(f"{kind:9} proxy   vs noledg (the ledger on vs off): "
-                      f"{row['proxy']['rps'] / row['noledg']['rps']:.2f}x throughput, "
-                      f"p50 {row['proxy']['p50'] - row['noledg']['p50']:+.2f} ms, "
-                      f"CPU {on / off:.2f}x ({on - off:+.3f} ms per request)")
-            if "otel" in row:
-                on, off = statistics.median(cpu[(kind, "otel")]), statistics.median(
-                    cpu[(kind, "proxy")])
-                print(f"{kind:9} otel    vs proxy (telemetry on vs off): "
-                      f"{row['otel']['rps'] / row['proxy']['rps']:.2f}x throughput, "
-                      f"p50 {row['otel']['p50'] - row['proxy']['p50']:+.2f} ms, "
+            # A feature's cost: the mode with it on against the mode with it off.
+            for on_mode, off_mode, what in (("proxy", "noledg", "the ledger"),
+                                            ("otel", "proxy", "telemetry")):
+                if on_mode not in row or off_mode not in row:
+                    continue
+                on, off = (statistics.median(cpu[(kind, m)]) for m in (on_mode, off_mode))
+                print(f"{kind:9} {on_mode:7} vs {off_mode} ({what} on vs off): "
+                      f"{row[on_mode]['rps'] / row[off_mode]['rps']:.2f}x throughput, "
+                      f"p50 {row[on_mode]['p50'] - row[off_mode]['p50']:+.2f} ms, "
                       f"CPU {on / off:.2f}x ({on - off:+.3f} ms per request)")
     finally:
         for p in (proxy, base, noledg, otel, sink, bare, fake):

@@ -592,6 +592,9 @@ class FileSession:
     headers: list[dict[str, str]]  # x-ctxproxy-* of each answer to the client
     edits: list[EditOutcome] = field(default_factory=list)
     summaries: int = 0
+    # forwarded_calls(), parsed once (the per-feature views ask for it per step).
+    _calls: list[dict[str, ToolCall]] | None = field(default=None, init=False, repr=False,
+                                                     compare=False)
 
     @property
     def finished(self) -> bool:
@@ -608,7 +611,9 @@ class FileSession:
 
     def forwarded_calls(self) -> list[dict[str, ToolCall]]:
         """Per forwarded request: its calls by id."""
-        return [{c.id: c for c in tool_calls(b)} for b in self.forwarded]
+        if self._calls is None:
+            self._calls = [{c.id: c for c in tool_calls(b)} for b in self.forwarded]
+        return self._calls
 
     def first_forwarded(self, cid: str) -> int | None:
         """The first forwarded request carrying ``cid``'s result."""
@@ -635,21 +640,28 @@ class FileSession:
 
     # -- per feature: where a file-aware proxy should have slimmed ---------------------------
 
-    def rereads(self) -> list[Reread]:
-        """Each re-read (same file, same range) in the first forwarded request carrying it,
-        where the earlier read is still forwarded as the client sent it."""
-        sent = self.sent_results()
-        out: list[Reread] = []
+    def _repeats(self, kind: str, sent: Mapping[str, str]) -> Iterator[tuple[int, Step, int, Any]]:
+        """Each step of ``kind`` repeating an earlier one, with the first forwarded request
+        carrying it and that request's calls, where the earlier step's result is still
+        forwarded as the client sent it."""
         for n, step in enumerate(self.plan):
-            if step.kind != "read" or step.repeats is None:
+            if step.kind != kind or step.repeats is None:
                 continue
             first = self.first_forwarded(self.step_id(n))
             if first is None:
                 continue
             calls = self.forwarded_calls()[first]
             earlier = calls.get(self.step_id(step.repeats))
-            if earlier is None or earlier.result != sent.get(earlier.id):
-                continue
+            if earlier is not None and earlier.result == sent.get(earlier.id):
+                yield n, step, first, calls
+
+    def rereads(self) -> list[Reread]:
+        """Each re-read (same file, same range) in the first forwarded request carrying it,
+        where the earlier read is still forwarded as the client sent it."""
+        sent = self.sent_results()
+        out: list[Reread] = []
+        for n, step, first, calls in self._repeats("read", sent):
+            assert step.repeats is not None
             marks = [self.plan[k].marker for k in self.edits_between(step.path, step.repeats, n)
                      if self.plan[k].kind == "edit"]
             out.append(Reread(n, step.repeats, first, sent[self.step_id(n)],
@@ -662,17 +674,9 @@ class FileSession:
         the earlier output lacks (the client's own per-call headers aside)."""
         sent = self.sent_results()
         out: list[Duplicate] = []
-        for n, step in enumerate(self.plan):
-            if step.kind != "shell" or step.repeats is None:
-                continue
-            first = self.first_forwarded(self.step_id(n))
-            if first is None:
-                continue
-            calls = self.forwarded_calls()[first]
-            earlier = calls.get(self.step_id(step.repeats))
-            if earlier is None or earlier.result != sent.get(earlier.id):
-                continue
-            old = set(sent[earlier.id].split("\n"))
+        for n, step, first, calls in self._repeats("shell", sent):
+            assert step.repeats is not None
+            old = set(sent[self.step_id(step.repeats)].split("\n"))
             new = tuple(ln for ln in sent[self.step_id(n)].split("\n")
                         if ln not in old and not _VOLATILE.search(ln))
             out.append(Duplicate(n, step.repeats, first, step.command, sent[self.step_id(n)],
