@@ -36,7 +36,7 @@ changes to the messages the client added, and at an epoch's start (``since=0``) 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from ..compaction.message import is_summary_message
 from ..memory.inject import is_memory_message
@@ -51,7 +51,11 @@ from ..pipeline.validate import PLACEHOLDER
 from ..store.tool_results import relative_path, result_id
 from .entry import Change
 
-__all__ = ["describe"]
+__all__ = ["OWN_FORMS", "describe"]
+
+#: The kinds whose forwarded text the proxy wrote in place of the content it stands for (the
+#: file-aware forms, README "File-aware slimming").
+OWN_FORMS: Final = frozenset({"superseded", "stale", "unchanged", "delta", "duplicate"})
 
 # A 1 KB last-resort cut leaves at most this many bytes of excerpt (the budget itself).
 _HARDER = 1024

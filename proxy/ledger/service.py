@@ -58,7 +58,7 @@ from .cache import (
     local_scale,
 )
 from .calls import Call
-from .changes import describe
+from .changes import OWN_FORMS, describe
 from .entry import Change, LedgerEntry, Prefix
 from .prices import Prices
 from .usage import Usage, parse_usage
@@ -70,8 +70,6 @@ log = logging.getLogger("proxy.store")
 _TTL_1H: Final = re.compile(rb'"ttl"\s*:\s*"1h"')
 # How long the writer gathers entries before a commit.
 _FLUSH_S: Final = 0.02
-# Change kinds whose forwarded text the proxy wrote in place of the content (proxy.ledger.changes).
-_OWN_FORMS: Final = frozenset({"superseded", "stale", "unchanged", "delta", "duplicate"})
 
 
 
@@ -446,7 +444,7 @@ class Ledger:
         # request added, when it extends the previous one in the same epoch and none of it was
         # forwarded in a form the proxy wrote (a marker, a delta or a reference is not the
         # content it stands for, and tokenizes unlike it).
-        rewritten = any(c.what in _OWN_FORMS for c in changes)
+        rewritten = any(c.what in OWN_FORMS for c in changes)
         scale: float | None = None
         if (first is not None and prev_request is not None and prev_request.usage is not None
                 and extends and not epoch_start and not rewritten):

@@ -211,8 +211,7 @@ class FileForms:
         # Before the epoch's start a read is verbatim or a marker: a delta is an arrival's form
         # (the next epoch forwards the newest read of each file whole), and neither is a read
         # forwarded as a reference to a copy.
-        a_read = any(r.result_index == i for r in prov.reads)
-        if i < seen and a_read:
+        if i < seen and prov.reads_of(i):
             return None
         envelope = split_envelope(text)
         body = envelope.body

@@ -375,9 +375,10 @@ class Offloader:
         ``kept_from`` (replaced by the summary) are not protected; ``protect_bytes`` overrides
         ``offload.protect_edit_bytes``."""
         texts = self._texts(messages)
-        filewise = self.filewise.enabled and len(request.chains) == len(messages)
+        filewise = (self.filewise.enabled and len(request.chains) == len(messages)
+                    and any(m.get("role") in RESULT_ROLES for m in messages))
         if not texts and not filewise:
-            return StageOutcome(messages, False)
+            return StageOutcome(messages, False)  # nothing either stage or rule could touch
 
         reads = read_calls(messages, self.config.read_tools)
         turn_of, turns = ageing.tool_turns(messages)
