@@ -73,7 +73,7 @@ from .store.sessions import SessionCounters
 from .store.summaries import SummaryRecord
 from .store.usage import DiskUsage
 from .telemetry import Telemetry, open_telemetry
-from .tokenizer_data import ensure_tiktoken_offline
+from .tokenizer_data import ensure_tiktoken_offline, read_litellm_model_map
 from .upstream.forward import Forwarder
 from .upstream.http import Upstream
 from .upstream.litellm_route import LitellmRouter
@@ -233,9 +233,10 @@ def _warm(counter: RequestCounter, windows: ContextWindows, prices: Prices | Non
     # o200k only: current OpenAI models and the estimate for every other provider. cl100k
     # (~30 MB) loads the first time an older model is seen, in a worker thread.
     counter.counter.preload(("gpt-4o",))
-    windows.load()
+    document = read_litellm_model_map()  # one parse for every table made from it
+    windows.load(document)
     if prices is not None:
-        prices.load()
+        prices.load(document)
 
 
 def _price(p: PriceConfig) -> Price:

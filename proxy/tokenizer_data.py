@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import orjson
+
 __all__ = [
     "TIKTOKEN_SHA256",
     "TIKTOKEN_URLS",
@@ -160,3 +162,16 @@ def litellm_model_map_path() -> Path | None:
         return None
     path = package / _MODEL_MAP_NAME
     return path if path.is_file() else None
+
+
+def read_litellm_model_map() -> object | None:
+    """litellm's bundled model map, parsed (3.5 MB, ~12 ms): read once at start-up for every
+    table made from it (context windows, prices); None when it is missing or unreadable."""
+    path = litellm_model_map_path()
+    if path is None:
+        return None
+    try:
+        document: object = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return document

@@ -120,9 +120,11 @@ def _bare_index(
     )
 
 
-def load_model_map(path: Path) -> tuple[dict[str, int], dict[str, int]]:
-    """Parse litellm's map into ({name: input window}, {name: max output}), names lower-cased."""
-    document = orjson.loads(path.read_bytes())
+def load_model_map(path: Path, document: object = None) -> tuple[dict[str, int], dict[str, int]]:
+    """Parse litellm's map into ({name: input window}, {name: max output}), names lower-cased
+    (``document``: the map already parsed)."""
+    if document is None:
+        document = orjson.loads(path.read_bytes())
     windows: dict[str, int] = {}
     outputs: dict[str, int] = {}
     if not isinstance(document, dict):
@@ -197,11 +199,13 @@ class ContextWindows:
 
     # ------------------------------------------------------------------ map
 
-    def load(self) -> int:
+    def load(self, document: object = None) -> int:
         """Read the model map now (idempotent); returns the number of models with a window.
 
         Call from the app lifespan to keep the ~30 ms parse off the first request. A missing or
-        unreadable map leaves only overrides and the default.
+        unreadable map leaves only overrides and the default. ``document``: litellm's map
+        already parsed (:func:`proxy.tokenizer_data.read_litellm_model_map`), used unless a
+        map of another path was given.
         """
         with self._lock:
             if self._windows is not None:
@@ -214,7 +218,8 @@ class ContextWindows:
                 path = tokenizer_data.litellm_model_map_path()
             if path is not None:
                 try:
-                    windows, outputs = load_model_map(path)
+                    windows, outputs = load_model_map(
+                        path, document if self._map_path is None else None)
                     self.loaded_from = path
                 except (OSError, orjson.JSONDecodeError):
                     windows, outputs = {}, {}

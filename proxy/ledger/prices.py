@@ -81,9 +81,11 @@ def _per_million(value: Any) -> float | None:
     return float(value) * _MILLION
 
 
-def load_price_map(path: Path) -> dict[str, Price]:
-    """Every model in litellm's map with an input and an output price, names lower-cased."""
-    document = orjson.loads(path.read_bytes())
+def load_price_map(path: Path, document: object = None) -> dict[str, Price]:
+    """Every model in litellm's map with an input and an output price, names lower-cased
+    (``document``: the map already parsed)."""
+    if document is None:
+        document = orjson.loads(path.read_bytes())
     prices: dict[str, Price] = {}
     if not isinstance(document, dict):
         return prices
@@ -136,15 +138,18 @@ class Prices:
         self._lock = threading.Lock()
         self._resolved: dict[str, Price | None] = {}
 
-    def load(self) -> int:
-        """Read the map now (idempotent; ~50 ms: call it off the event loop, at start-up)."""
+    def load(self, document: object = None) -> int:
+        """Read the map now (idempotent; ~30 ms: call it off the event loop, at start-up).
+        ``document``: litellm's map already parsed, used unless a map of another path was
+        given."""
         with self._lock:
             if self._map is None:
                 path = self._map_path
                 if path is None and self._use_map:
                     path = litellm_model_map_path()
                 try:
-                    self._map = load_price_map(path) if path is not None else {}
+                    self._map = (load_price_map(path, document if self._map_path is None
+                                                else None) if path is not None else {})
                 except (OSError, orjson.JSONDecodeError):
                     self._map = {}
             return len(self._map)
