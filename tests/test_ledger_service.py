@@ -207,9 +207,9 @@ async def test_errors_and_dropped_writes_record_nothing(tmp_path: Path) -> None:
 
 async def test_an_unmarked_anthropic_client_is_never_cached_directly(tmp_path: Path) -> None:
     s = Session(tmp_path)
-    ttl, cacheable = s.ledger._rule("messages", b'{"messages": []}')
+    ttl, cacheable = s.ledger.recorder._rule("messages", b'{"messages": []}')
     assert not cacheable
-    ttl, cacheable = s.ledger._rule(
+    ttl, cacheable = s.ledger.recorder._rule(
         "messages", b'{"system": [{"type": "text", "text": "x", "cache_control": '
                     b'{"type": "ephemeral", "ttl": "1h"}}]}')
     assert cacheable and ttl == 3600
