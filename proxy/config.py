@@ -567,6 +567,25 @@ class AuthConfig(_Section):
         return self
 
 
+class ModelFactsConfig(_Section):
+    mid_conversation_system: bool | None = Field(
+        None, description="Whether the model accepts a role 'system' message inside Messages' "
+        "'messages' (right after a user turn). Unset: litellm's model map decides, else no.")
+    sampling_params: bool | None = Field(
+        None, description="Whether the model accepts temperature/top_p/top_k. Unset: litellm's "
+        "model map decides, else yes.")
+    chat_completions: bool | None = Field(
+        None, description="Whether the model is served on /v1/chat/completions (the -codex "
+        "models are on /v1/responses only). Unset: litellm's model map decides, else yes.")
+
+
+class CatalogConfig(_Section):
+    models: dict[str, ModelFactsConfig] = Field(
+        default_factory=dict,
+        description="What a model accepts, by name or glob (e.g. 'claude-opus-5*'), over what "
+        "litellm's bundled model map says. Exact names before globs, longer globs first.")
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig, description="Listening socket.")
     upstream: UpstreamConfig = Field(
@@ -604,6 +623,10 @@ class Config(_Section):
     telemetry: TelemetryConfig = Field(
         default_factory=TelemetryConfig,
         description="OpenTelemetry spans per request, exported over OTLP (off by default).",
+    )
+    catalog: CatalogConfig = Field(
+        default_factory=CatalogConfig,
+        description="Per-model facts the proxy relies on (what each model's API accepts).",
     )
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from .archive import Archive, NullArchive
 from .auth import Gate
 from .background import Background
+from .catalog import Capabilities, ModelFacts
 from .compaction.client import SummarizerClient
 from .compaction.compactor import Compactor, NullCompactor
 from .compaction.planner import Planner
@@ -153,6 +154,7 @@ class Services:
     counters: SessionCounters | None
     gc: Periodic
     telemetry: Telemetry  # spans per request; NullTelemetry when off
+    capabilities: Capabilities  # what each model's API accepts (proxy.catalog)
 
     def upstream_of(self, fmt: str) -> tuple[Upstream, Forwarder]:
         """The upstream a wire format goes to: Anthropic's for Messages, else the OpenAI one."""
@@ -229,12 +231,14 @@ class Periodic:
                 await self._task
 
 
-def _warm(counter: RequestCounter, windows: ContextWindows, prices: Prices | None) -> None:
+def _warm(counter: RequestCounter, windows: ContextWindows, prices: Prices | None,
+          capabilities: Capabilities) -> None:
     # o200k only: current OpenAI models and the estimate for every other provider. cl100k
     # (~30 MB) loads the first time an older model is seen, in a worker thread.
     counter.counter.preload(("gpt-4o",))
     document = read_litellm_model_map()  # one parse for every table made from it
     windows.load(document)
+    capabilities.load(document)
     if prices is not None:
         prices.load(document)
 
@@ -242,6 +246,12 @@ def _warm(counter: RequestCounter, windows: ContextWindows, prices: Prices | Non
 def _price(p: PriceConfig) -> Price:
     return Price.of(input=p.input, output=p.output, cache_read=p.cache_read,
                     cache_write=p.cache_write, cache_write_1h=p.cache_write_1h)
+
+
+def capabilities_of(config: Config) -> Capabilities:
+    """The per-model facts of the config's catalog (over litellm's bundled map)."""
+    return Capabilities({name: ModelFacts(**facts.model_dump())
+                         for name, facts in config.catalog.models.items()})
 
 
 def prices_of(config: LedgerConfig) -> Prices:
@@ -285,6 +295,7 @@ async def open_services(
     originals = store.originals
     counter = RequestCounter(TokenCounter(), cache_chars=cache * 2 // 5)
     windows = ContextWindows(config.compaction.context_windows)
+    capabilities = capabilities_of(config)
     usage = DiskUsage(storage.data_dir, store.tenant_sizes)
     writes = WritePolicy(store.files.tenant_known, usage, storage.max_tenant_mb, metrics,
                          background)
@@ -355,7 +366,7 @@ async def open_services(
     # The encoding (~0.4 s) and the window map load before the port accepts requests: building
     # the encoding holds the GIL for most of that time, which would stall the event loop (and
     # every request in flight) if it happened while serving.
-    await asyncio.to_thread(_warm, counter, windows, prices)
+    await asyncio.to_thread(_warm, counter, windows, prices, capabilities)
 
     services = Services(
         config=config, gate=gate, metrics=metrics, upstream=upstream,
@@ -366,7 +377,7 @@ async def open_services(
         readers=readers, thinking=ThinkingBindings(store.sessions, metrics, background),
         replays=replays, ledger=ledger, writes=writes, usage=usage, background=background,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
-        telemetry=telemetry,
+        telemetry=telemetry, capabilities=capabilities,
     )
     services.gc.start(services.collect_garbage)
     return services
