@@ -136,8 +136,8 @@ def canonical_units(body: dict[str, Any]) -> list[bytes]:
 def summary_of(body: dict[str, Any]) -> str | None:
     """The summary a forwarded request carries (after the system prompt, and the memory when
     it is on), if any."""
-    for item in conversation(body)[1:3]:
-        if item.get("role") not in ("system", "developer"):
+    for item in conversation(body)[:3]:
+        if item.get("role") not in ("system", "developer", "user"):
             continue
         content = item.get("content")
         if isinstance(content, list):  # Responses content parts

@@ -568,9 +568,6 @@ class AuthConfig(_Section):
 
 
 class ModelFactsConfig(_Section):
-    mid_conversation_system: bool | None = Field(
-        None, description="Whether the model accepts a role 'system' message inside Messages' "
-        "'messages' (right after a user turn). Unset: litellm's model map decides, else no.")
     sampling_params: bool | None = Field(
         None, description="Whether the model accepts temperature/top_p/top_k. Unset: litellm's "
         "model map decides, else yes.")

@@ -11,9 +11,8 @@ from proxy.config import config_from_mapping
 from proxy.services import capabilities_of
 
 _MAP = {
-    "claude-opus-5-5": {"supports_mid_conversation_system": True,
-                        "supports_sampling_params": False},
-    "claude-opus-5-1": {"supports_mid_conversation_system": True},
+    "claude-opus-5-5": {"supports_sampling_params": False},
+    "claude-opus-5-1": {"supports_sampling_params": False},
     "claude-sonnet-4-5": {"supports_prompt_caching": True},
     "gpt-5-codex": {"mode": "responses", "supported_endpoints": ["/v1/responses"]},
     "gpt-5.4": {"supported_endpoints": ["/v1/chat/completions", "/v1/responses"]},
@@ -29,11 +28,9 @@ def _caps(tmp_path: Path, overrides: dict[str, ModelFacts] | None = None) -> Cap
 
 def test_the_map_says_what_each_model_accepts(tmp_path: Path) -> None:
     caps = _caps(tmp_path)
-    assert caps.mid_conversation_system("claude-opus-5-5")
     assert not caps.sampling_params("claude-opus-5-5")
     # Dated snapshots and provider prefixes find their alias.
-    assert caps.mid_conversation_system("anthropic/claude-opus-5-5-20261001")
-    assert not caps.mid_conversation_system("claude-sonnet-4-5")
+    assert not caps.sampling_params("anthropic/claude-opus-5-5-20261001")
     assert caps.sampling_params("claude-sonnet-4-5")
     assert not caps.chat_completions("gpt-5-codex")
     assert not caps.chat_completions("o3-pro")
@@ -42,26 +39,25 @@ def test_the_map_says_what_each_model_accepts(tmp_path: Path) -> None:
 
 def test_an_unknown_model_gets_the_conservative_default(tmp_path: Path) -> None:
     facts = _caps(tmp_path).of("some-local-model")
-    assert facts == ModelFacts(mid_conversation_system=False, sampling_params=True,
-                               chat_completions=True, source="default")
+    assert facts == ModelFacts(sampling_params=True, chat_completions=True, source="default")
 
 
 def test_config_entries_win_field_by_field(tmp_path: Path) -> None:
     caps = _caps(tmp_path, {
-        "claude-opus-5*": ModelFacts(mid_conversation_system=False),
-        "claude-opus-5-5": ModelFacts(sampling_params=True),
+        "claude-opus-5*": ModelFacts(sampling_params=True),
+        "claude-opus-5-5": ModelFacts(chat_completions=False),
         "my-model": ModelFacts(chat_completions=False),
     })
     # The exact entry wins over the glob; the map fills what the entry leaves unset.
     facts = caps.of("claude-opus-5-5")
-    assert facts.sampling_params is True and facts.mid_conversation_system is True
-    assert caps.of("claude-opus-5-1").mid_conversation_system is False  # the map says True
+    assert facts.chat_completions is False and facts.sampling_params is False
+    assert caps.of("claude-opus-5-1").sampling_params is True  # the map says False
     assert not caps.chat_completions("my-model")
 
 
 def test_the_config_section_builds_the_catalogue() -> None:
     config = config_from_mapping(
-        {"catalog": {"models": {"claude-x": {"mid_conversation_system": True}}}})
+        {"catalog": {"models": {"claude-x": {"sampling_params": False}}}})
     caps = capabilities_of(config)
-    assert caps.mid_conversation_system("claude-x")
+    assert not caps.sampling_params("claude-x")
     assert caps.of("claude-x").source.startswith("config:claude-x")

@@ -14,7 +14,6 @@ import pytest
 
 from proxy.compaction.guard import parse_ledgers
 from proxy.compaction.message import SUMMARY_HEADING
-from proxy.compaction.prompt import content_text
 from proxy.formats import json
 from proxy.pipeline.notice import parse_notice
 from proxy.testing.claude_code import (
@@ -31,7 +30,7 @@ from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.servers import serve_in_thread
 
 from .conftest import proxy_config
-from .test_messages import check_pairs
+from .test_messages import check_pairs, lead_summary
 
 BINARY = claude_binary(Path(__file__).resolve().parent.parent)
 
@@ -57,20 +56,19 @@ def test_a_claude_code_session_ages_and_compacts(
     aged = [r for r in results if parse_notice(r) is not None]
     assert aged and all(len(r) < 4000 for r in aged)
     assert any(len(r) > 30_000 for r in results)
-    compacted = [b for b in sent if any(
-        m["role"] == "system" and SUMMARY_HEADING in str(m["content"]) for m in b["messages"])]
+    compacted = [b for b in sent if lead_summary(b) is not None]
     assert not any(SUMMARY_HEADING in str(b.get("system")) for b in sent)  # never edited
     assert compacted and any(t.get("x-ctxproxy-compacted") == "1" for t in session.turns)
     # The guard pins the user's own request, without the blocks Claude Code wraps around it.
-    summary = next(m["content"] for m in compacted[-1]["messages"]
-                   if m["role"] == "system" and SUMMARY_HEADING in str(m["content"]))
-    pinned = parse_ledgers(content_text(summary))
+    summary = lead_summary(compacted[-1])
+    assert summary is not None
+    pinned = parse_ledgers(summary)
     assert pinned is not None and pinned.first is not None
     assert pinned.first.startswith("Read each of the files data0.txt") and "<" not in pinned.first
     for body in compacted:  # Claude Code's environment (in its first request) is not lost
         assert "Primary working directory" in str(body["system"]) + str(body["messages"])
     for body in sent:
-        check_pairs([m for m in body["messages"] if m["role"] != "system"])
+        check_pairs(body["messages"])
         for m in body["messages"]:
             for b in m["content"] if m["role"] == "assistant" else ():
                 if b.get("type") == "thinking":  # as the fake signed it, never edited
@@ -135,6 +133,32 @@ def test_preserved_thinking_nine_files_no_request_is_refused(nine_files: Session
     assert refused == [], f"{len(refused)} of {len(session.forwarded)} main requests refused"
     assert session.refused_other == []
     assert len(session.forwarded) == 10  # no retries
+
+
+@pytest.mark.skipif(BINARY is None, reason="Claude Code is not installed (npm ci installs it)")
+@pytest.mark.parametrize("model", [PRESERVED_THINKING_MODEL, MODEL])
+def test_compacted_requests_are_valid_messages_on_every_model(model: str, tmp_path: Path) -> None:
+    """Proxy defaults with an 80k window: from the first compaction on, every forwarded
+    request starts with a user turn and carries a system role only where the model takes one
+    (Claude Code's own, on claude-opus-5-5, right after the first user turn; none on
+    claude-sonnet-4-5); nothing is refused by the prefix check, and Claude Code finishes."""
+    assert BINARY is not None
+    fake = FakeUpstream(prefix_check=True)
+    with serve_in_thread(fake) as upstream:
+        config = proxy_config(upstream.url + "/v1", tmp_path / "data",
+                              {"compaction": {"context_windows": {model: 80_000}}})
+        session = run_session(BINARY, config, fake, upstream.url, reads=9, model=model)
+    assert session.returncode == 0 and FINAL in session.stdout, session.stderr[-2000:]
+    assert session.refused == [] and session.refused_other == []
+    compacted = [b for b in session.forwarded if lead_summary(b) is not None]
+    assert len(compacted) >= 3
+    for body in session.forwarded:
+        check_pairs(body["messages"])
+    systems = [m for b in session.forwarded for m in b["messages"] if m["role"] == "system"]
+    if model == MODEL:
+        assert systems == []
+    else:  # Claude Code's environment, kept through every compaction
+        assert all(any(m["role"] == "system" for m in b["messages"]) for b in compacted)
 
 
 @pytest.mark.skipif(BINARY is None, reason="Claude Code is not installed (npm ci installs it)")

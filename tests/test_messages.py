@@ -119,12 +119,27 @@ def unsigned(message: dict[str, Any]) -> dict[str, Any]:
                                               "text": "(earlier reasoning omitted)"}]}
 
 
+def lead_summary(body: dict[str, Any]) -> str | None:
+    """The summary the proxy put at the head of a forwarded Messages body (a text block of the
+    first user turn), or None."""
+    first = body["messages"][0] if body.get("messages") else None
+    if first is None or first["role"] != "user" or not isinstance(first["content"], list):
+        return None
+    return next((b["text"] for b in first["content"] if b.get("type") == "text"
+                 and b["text"].startswith(SUMMARY_HEADING)), None)
+
+
 def check_pairs(messages: list[dict[str, Any]]) -> None:
     """Anthropic's rules: the first message is a user message; every tool_use is answered by
-    a tool_result in the very next message, and every tool_result answers one there. The
-    ``role: "system"`` entries the proxy adds (summary, memory) stand between messages."""
-    messages = [m for m in messages if m["role"] != "system"]
+    a tool_result in the very next message, and every tool_result answers one there; a
+    ``role: "system"`` message (the client's own, on the models that take one) only right after
+    a user turn and before an assistant turn."""
     assert messages[0]["role"] == "user"
+    for i, m in enumerate(messages):
+        if m["role"] == "system":
+            assert messages[i - 1]["role"] == "user", i
+            assert i + 1 == len(messages) or messages[i + 1]["role"] == "assistant", i
+    messages = [m for m in messages if m["role"] != "system"]
     for i, m in enumerate(messages):
         blocks = m["content"] if isinstance(m["content"], list) else []
         uses = [b["id"] for b in blocks if b.get("type") == "tool_use"]
@@ -331,7 +346,7 @@ def long_session(turns: int) -> list[dict[str, Any]]:
     return messages
 
 
-def test_compaction_puts_the_summary_in_a_system_message_and_keeps_valid_pairs(
+def test_compaction_puts_the_summary_in_the_first_user_turn_and_keeps_valid_pairs(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:
     srv = compacting(make_proxy, fake)
@@ -343,20 +358,21 @@ def test_compaction_puts_the_summary_in_a_system_message_and_keeps_valid_pairs(
     assert summarizer["model"] == MODEL and summarizer["max_tokens"] > 0
     sent = model_calls(fake)[-1]
     # The top-level system (bound to every signed thinking block, and the cache's first
-    # breakpoint) is the client's, untouched; the summary is a system message of its own.
+    # breakpoint) is the client's, untouched; the summary opens the first user turn (the API
+    # refuses a system role at the start of messages, and anywhere on most models).
     assert sent["system"] == SYSTEM
     out = sent["messages"]
-    assert out[0]["role"] == "system" and len(out[0]["content"]) == 1
+    assert out[0]["role"] == "user" and len(out[0]["content"]) == 2
     assert out[0]["content"][0]["text"].startswith(SUMMARY_HEADING)
     assert "checkout" in out[0]["content"][0]["text"]
-    # The agent loop was cut mid-way: a short user message opens the kept turns.
-    assert out[1] == {"role": "user", "content": [{"type": "text", "text": BRIDGE}]}
-    kept = out[2:]
+    # The agent loop was cut mid-way: a short note after the summary opens the kept turns.
+    assert out[0]["content"][1] == {"type": "text", "text": BRIDGE}
+    kept = out[1:]
     # The client's, untouched, but for the thinking of the turns made before the compaction
     # (their prefix changed: a preserved-thinking model would refuse them).
     assert kept == [unsigned(m) if m["role"] == "assistant" else m
                     for m in messages[len(messages) - len(kept):]]
-    check_pairs(out[1:])
+    check_pairs(out)
     assert cache_markers(sent) == 3  # the moving marker is on the kept last message
     # The next turn reuses the summary: no new summarizer call, the same prefix.
     before = len(fake.received)
@@ -378,11 +394,103 @@ def test_claude_codes_environment_message_survives_compaction(
     r = post(srv, body(messages))
     assert r.headers["x-ctxproxy-compacted"] == "1"
     out = model_calls(fake)[-1]["messages"]
+    assert out[0]["role"] == "user"
     assert out[0]["content"][0]["text"].startswith(SUMMARY_HEADING)
-    assert out[1]["content"][0]["text"] == BRIDGE and out[2] == env
-    assert out[3:] == [unsigned(m) if m["role"] == "assistant" else m
-                       for m in messages[len(messages) - len(out) + 3:]]
-    check_pairs([m for m in out if m["role"] != "system"])
+    assert out[0]["content"][1]["text"] == BRIDGE and out[1] == env
+    assert out[2:] == [unsigned(m) if m["role"] == "assistant" else m
+                       for m in messages[len(messages) - len(out) + 2:]]
+    check_pairs(out)
+
+
+# --- where the proxy's own text goes (the writer, pure) --------------------------------------
+
+
+MEMORY = {"role": "system", "content": "# Long-term memory\nprefers tabs"}
+SUMMARY_MSG = {"role": "system", "content": f"{SUMMARY_HEADING}\nthe earlier turns"}
+
+
+def written(payload: dict[str, Any], keep: slice, added: list[dict[str, Any]], at: int = 0
+            ) -> tuple[bytes, dict[str, Any]]:
+    """The body the writer makes when the pipeline keeps ``history[keep]`` (the system field
+    first) and puts ``added`` at index ``at`` of what it keeps."""
+    raw = orjson.dumps(payload)
+    parsed = MESSAGES.parse(raw, 1000)
+    head = parsed.history[:1] if payload.get("system") else []
+    rest = parsed.history[len(head):][keep]
+    out = MESSAGES.write(raw, parsed, [*head, *rest[:at], *added, *rest[at:]])
+    return out, orjson.loads(out)
+
+
+def test_text_added_after_an_assistant_turn_opens_a_user_turn_of_its_own() -> None:
+    """After a provider's compaction turn the summary leads the next user turn; where an
+    assistant turn comes next, a user turn of its own (user and assistant alternate)."""
+    reply = {"role": "assistant", "content": [{"type": "text", "text": "compacted"}]}
+    later = {"role": "assistant", "content": [{"type": "text", "text": "working"}]}
+    payload = body([user("start"), reply, later, user("next")])
+    raw, out = written(payload, slice(None), [SUMMARY_MSG], at=2)
+    assert [m["role"] for m in out["messages"]] == ["user", "assistant", "user", "assistant",
+                                                    "user"]
+    assert out["messages"][2] == {"role": "user", "content": [
+        {"type": "text", "text": SUMMARY_MSG["content"]}]}
+    assert out["messages"][:2] == payload["messages"][:2]
+
+
+def test_memory_on_a_first_request_opens_the_first_user_turn() -> None:
+    payload = body([{"role": "user", "content": "fix the bug"}])
+    raw, out = written(payload, slice(None), [MEMORY])
+    assert out["system"] == SYSTEM and len(out["messages"]) == 1
+    assert out["messages"][0] == {"role": "user", "content": [
+        {"type": "text", "text": MEMORY["content"]}, {"type": "text", "text": "fix the bug"}]}
+
+
+def test_memory_and_summary_go_in_the_pipelines_order_before_the_users_blocks() -> None:
+    first = user("go on", marker=True)
+    payload = body([first, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+                    user("next")])
+    raw, out = written(payload, slice(None), [MEMORY, SUMMARY_MSG])
+    lead = out["messages"][0]
+    assert [b["text"] for b in lead["content"]] == [MEMORY["content"], SUMMARY_MSG["content"],
+                                                    "go on"]
+    assert lead["content"][2] == first["content"][0]  # the client's block, marker and all
+    # Everything after the first turn goes out as the client wrote it.
+    assert orjson.dumps(payload["messages"][1]) in raw and orjson.dumps(payload["messages"][2]) in raw
+
+
+def test_tool_results_stay_first_in_the_lead_user_message() -> None:
+    results = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"},
+        {"type": "text", "text": "and?"}]}
+    call = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]}
+    payload = body([user("start"), call, results])
+    # The first turn kept is the results' own message (the API wants results first in it).
+    _, out = written(payload, slice(2, None), [SUMMARY_MSG])
+    lead = out["messages"][0]["content"]
+    assert [b["type"] for b in lead] == ["tool_result", "text", "text"]
+    assert [lead[1]["text"], lead[2]["text"]] == [SUMMARY_MSG["content"], "and?"]
+
+
+def test_a_history_that_starts_with_an_assistant_turn_gets_a_user_turn_for_the_summary() -> None:
+    payload = body([user("start"), {"role": "assistant", "content": [{"type": "text",
+                                                                      "text": "working"}]},
+                    user("next")])
+    _, out = written(payload, slice(1, None), [SUMMARY_MSG])
+    assert out["messages"][0] == {"role": "user", "content": [
+        {"type": "text", "text": SUMMARY_MSG["content"]}]}
+    assert [m["role"] for m in out["messages"]] == ["user", "assistant", "user"]
+
+
+def test_an_evicted_client_system_message_goes_back_after_the_first_user_turn() -> None:
+    env = {"role": "system", "content": "# Environment\n - cwd: /repo"}
+    reply = {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}
+    payload = body([user("start"), env, reply, user("a"), user("b"), reply, user("c")])
+    _, out = written(payload, slice(3, None), [SUMMARY_MSG])
+    roles = [m["role"] for m in out["messages"]]
+    # Two user messages are one turn to the API: the system message goes after both, right
+    # before the assistant turn, as the placement rule wants.
+    assert roles == ["user", "user", "system", "assistant", "user"]
+    assert out["messages"][2] == env
+    assert out["messages"][0]["content"][0]["text"] == SUMMARY_MSG["content"]
 
 
 def test_a_marker_evicted_with_its_turn_moves_to_the_summary(
@@ -398,8 +506,9 @@ def test_a_marker_evicted_with_its_turn_moves_to_the_summary(
     assert r.headers["x-ctxproxy-compacted"] == "1"
     sent = model_calls(fake)[-1]
     assert sent["system"] == "You are Claude Code."
-    summary = sent["messages"][0]
-    assert summary["role"] == "system" and summary["content"][0]["cache_control"] == marked
+    lead = sent["messages"][0]
+    assert lead["role"] == "user" and lead["content"][0]["text"].startswith(SUMMARY_HEADING)
+    assert lead["content"][0]["cache_control"] == marked
     assert cache_markers(sent) == 2
     # Four markers already: none is added.
     full = {**body(long_session(20)), "system": [{**b, "cache_control": {"type": "ephemeral"}}
@@ -588,7 +697,7 @@ def test_an_sdk_tool_loop_with_offload_and_compaction(
     assert sum(int(h["x-ctxproxy-offloaded"]) for h in headers) > 0
     assert headers[-1]["x-ctxproxy-compacted"] == "1"
     last = model_calls(fake)[-1]
-    assert last["messages"][0]["role"] == "system"
+    assert last["messages"][0]["role"] == "user"
     assert last["messages"][0]["content"][0]["text"].startswith(SUMMARY_HEADING)
     check_pairs(last["messages"])
     assert int(headers[-1]["x-ctxproxy-tokens-out"]) < int(headers[-1]["x-ctxproxy-tokens-in"]) // 2

@@ -191,8 +191,10 @@ def test_a_long_session_compacts_often_and_nothing_is_refused(
                         "huge", "medium", "large", "huge"])
     no_refusals(fake)
     sent = forwarded(fake)
-    summaries = {str(m["content"]) for b in sent for m in b["messages"]
-                 if m["role"] == "system" and SUMMARY_HEADING in str(m["content"])}
+    # The summary leads the first user turn (a system role there is refused by the API).
+    assert all(b["messages"][0]["role"] == "user" for b in sent)
+    summaries = {blk["text"] for b in sent for blk in b["messages"][0]["content"]
+                 if blk.get("type") == "text" and SUMMARY_HEADING in blk["text"]}
     assert model.summaries >= 2 and len(summaries) >= 2  # several epochs
     # Thinking went back within epochs (the check had work) and the system field never changed.
     assert sum(any(blk.get("type") == "thinking" for m in b["messages"]
@@ -212,8 +214,10 @@ def test_memory_folds_refuse_nothing(checking: tuple[FakeUpstream, str], tmp_pat
         assert model.folds >= 1
         run([srv.url], ["huge", "large", "huge", "large", "huge", "large"], memory_scope="team")
     no_refusals(fake)
-    assert any(m["role"] == "system" and MEMORY_HEADING in str(m["content"])
-               for b in forwarded(fake) for m in b["messages"])
+    sent = forwarded(fake)
+    assert all(b["messages"][0]["role"] == "user" for b in sent)
+    assert any(blk.get("type") == "text" and blk["text"].startswith(MEMORY_HEADING)
+               for b in sent for blk in b["messages"][0]["content"])
 
 
 def test_two_replicas_on_postgres_forward_the_same_bytes(

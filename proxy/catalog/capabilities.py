@@ -7,18 +7,13 @@ Sources, in priority order (as for context windows and prices):
    case-insensitive, matched against the name as given and with its provider prefix stripped;
    exact names before globs, longer globs before shorter ones. A field left unset there falls
    through to the next source;
-2. the model map shipped inside litellm, read as plain data: ``supports_mid_conversation_system``,
-   ``supports_sampling_params``, and ``mode`` / ``supported_endpoints`` (a model listed with
-   endpoints but not ``/v1/chat/completions``, or of ``mode: responses``, is served by the
-   Responses API alone);
-3. the conservative default: no mid-conversation system messages, sampling parameters
-   accepted, chat completions served.
+2. the model map shipped inside litellm, read as plain data: ``supports_sampling_params``, and
+   ``mode`` / ``supported_endpoints`` (a model listed with endpoints but not
+   ``/v1/chat/completions``, or of ``mode: responses``, is served by the Responses API alone);
+3. the default: sampling parameters accepted, chat completions served.
 
 Why each fact matters to the proxy:
 
-* ``mid_conversation_system``: the Messages API accepts a ``role: "system"`` message inside
-  ``messages`` only on the models that support it (platform.claude.com, "Mid-conversation
-  system messages"); anywhere else such a message is a 400.
 * ``sampling_params``: newer Claude models (and the API version ``2026-10-21``) refuse
   ``temperature``, ``top_p`` and ``top_k``; GPT-5-family and o-series models accept only the
   default temperature. The proxy's own calls send none unless configured.
@@ -48,7 +43,6 @@ _RESOLVED_LIMIT: Final = 4_096
 class ModelFacts:
     """What one model accepts. ``None`` in an override: not said there (the map decides)."""
 
-    mid_conversation_system: bool | None = None
     sampling_params: bool | None = None
     chat_completions: bool | None = None
     source: str = ""
@@ -56,9 +50,6 @@ class ModelFacts:
     def over(self, base: ModelFacts) -> ModelFacts:
         """These facts where set, ``base``'s elsewhere."""
         return ModelFacts(
-            mid_conversation_system=(self.mid_conversation_system
-                                     if self.mid_conversation_system is not None
-                                     else base.mid_conversation_system),
             sampling_params=(self.sampling_params if self.sampling_params is not None
                              else base.sampling_params),
             chat_completions=(self.chat_completions if self.chat_completions is not None
@@ -67,8 +58,7 @@ class ModelFacts:
         )
 
 
-_DEFAULT: Final = ModelFacts(mid_conversation_system=False, sampling_params=True,
-                             chat_completions=True, source="default")
+_DEFAULT: Final = ModelFacts(sampling_params=True, chat_completions=True, source="default")
 
 
 def _flag(entry: Mapping[str, object], key: str) -> bool | None:
@@ -97,7 +87,6 @@ def load_facts(path: Path, document: object = None) -> dict[str, ModelFacts]:
         if not isinstance(entry, dict):
             continue
         found = ModelFacts(
-            mid_conversation_system=_flag(entry, "supports_mid_conversation_system"),
             sampling_params=_flag(entry, "supports_sampling_params"),
             chat_completions=_chat_completions(entry),
         )
@@ -200,9 +189,6 @@ class Capabilities:
             self._resolved.clear()  # model names come from clients: bounded
         self._resolved[model] = facts
         return facts
-
-    def mid_conversation_system(self, model: str | None) -> bool:
-        return bool(self.of(model).mid_conversation_system)
 
     def sampling_params(self, model: str | None) -> bool:
         return bool(self.of(model).sampling_params)

@@ -21,14 +21,21 @@ byte for byte, a cut ``tool_result`` with its new content (the block's other fie
 ``cache_control``, kept), a placeholder result the validator added for an unanswered call. An
 assistant message is never rebuilt (thinking signatures are verified by the provider): it goes
 out as sent, or without its ``thinking`` and ``redacted_thinking`` blocks (all of them, the other
-blocks byte for byte: a turn a compaction kept, :mod:`proxy.pipeline.epoch`), or not at all. What
-the pipeline adds as a system message (a summary, memory) becomes a ``role: "system"`` message in
-``messages`` where the pipeline put it, never an edit of the ``system`` field (every signed
-thinking block is bound to it, and it is the provider's first cache breakpoint); ``system``
-messages the client put before its first assistant turn, which a compaction evicted, are put
-back after it and the first kept message; a ``cache_control`` marker evicted with the turns it
-stood on moves to the first added message when the request has fewer than the provider's four,
-so the new prefix caches.
+blocks byte for byte: a turn a compaction kept, :mod:`proxy.pipeline.epoch`), or not at all.
+
+What the pipeline adds as a system message (memory, a summary) goes out as leading text blocks of
+the conversation's first user turn, in the pipeline's order: merged into the first user message
+(after its ``tool_result`` blocks, which the API wants first), or a user message of its own at the
+start when the conversation would otherwise start with an assistant turn. That placement is valid
+on every model: the API wants ``messages`` to start with a user turn, and accepts a ``role:
+"system"`` message inside ``messages`` only on the models that support mid-conversation system
+messages, and there only right after a user turn (platform.claude.com, "Mid-conversation system
+messages"). It is never an edit of the ``system`` field (every signed thinking block is bound to
+it, and it is the provider's first cache breakpoint). ``system`` messages the client put before
+its first assistant turn (Claude Code's environment, on the models that take them), which a
+compaction evicted, are put back right after that first user turn, as the client had them. A
+``cache_control`` marker evicted with the turns it stood on moves to the last added block when
+the request has fewer than the provider's four, so the new prefix caches.
 """
 
 from __future__ import annotations
@@ -287,6 +294,9 @@ class _Writer:
         at = {id(m): k for k, m in enumerate(history)}
         results = {k: m for k, m in enumerate(history) if m.get("role") == "tool"}
         groups: list[_Group] = []
+        # The proxy's system text (memory, a summary), by the index of the group it leads.
+        added: dict[int, list[Message]] = {}
+        barrier = False  # the next message opens a group of its own (it follows added text)
         cursor = 0
         for m in messages:
             k = at.get(id(m))
@@ -299,9 +309,8 @@ class _Writer:
                 if src < 0:
                     continue  # the system field: it stays where it is, byte for byte
             elif role in _SYSTEM_ROLES:
-                # A summary (or memory): a system message of its own in ``messages``, never an
-                # edit of the ``system`` field, which every signed thinking block is bound to.
-                groups.append(_Group("system", None, [(None, m)]))
+                added.setdefault(len(groups), []).append(m)  # text of the next user turn
+                barrier = True
                 continue
             elif role == "tool":
                 k = _find_result(results, m.get("tool_call_id"), cursor)
@@ -310,7 +319,8 @@ class _Writer:
                 src = self.sources[k].wire if k is not None else -1
             else:
                 src = -1
-            open_group = groups[-1] if groups else None
+            open_group = groups[-1] if groups and not barrier else None
+            barrier = False
             if (role in ("user", "tool") and open_group is not None and open_group.role == "user"
                     and (src < 0 or open_group.src is None or open_group.src == src)):
                 if open_group.src is None and src >= 0:
@@ -320,44 +330,72 @@ class _Writer:
             wire_role = "user" if role == "tool" else str(role)
             groups.append(_Group(wire_role, src if src >= 0 else None, [(k, m)]))
         out = [self._message(g) for g in groups]
-        added = [i for i, g in enumerate(groups) if g.src is None and g.role == "system"]
+        roles = [g.role for g in groups]
         if added:
-            self._mark(out, groups, added[0])
-            self._pin(out, groups)
+            first = min(added)
+            # Last first: an insertion never moves an index still to be done.
+            for index in sorted(added, reverse=True):
+                self._lead(out, roles, index, added[index], marker=index == first)
+            self._pin(out, roles, groups)
         replace["messages"] = json.join_array([raw for raw, _ in out])
 
-    def _pin(self, out: list[tuple[json.RawJSON, list[Any]]], groups: list[_Group]) -> None:
+    def _lead(self, out: list[tuple[json.RawJSON, list[Any]]], roles: list[str], at: int,
+              added: Sequence[Message], *, marker: bool) -> None:
+        """The proxy's system text as the first text blocks of the user turn at ``at`` (a new
+        one when the message there is not a user turn; see the module docstring). With
+        ``marker``, the last block takes a ``cache_control`` marker lost with the evicted
+        turns when there is room for it: the new prefix then caches."""
+        blocks = [b for m in added for b in _blocks(m.get("content"))
+                  if isinstance(b, dict) and b.get("type") == "text" and b.get("text")]
+        if not blocks:
+            return
+        moved: list[Any] = []
+        if marker:
+            before = [*_markers(self.body.get("tools")), *_markers(self.body.get("system"))]
+            lost = self._moved_marker(before, [mk for _, found in out for mk in found])
+            if lost is not None:
+                blocks[-1] = {**blocks[-1], "cache_control": lost}
+                moved = [lost]
+        if at >= len(roles) or roles[at] != "user":
+            out.insert(at, (json.dumps({"role": "user", "content": blocks}), moved))
+            roles.insert(at, "user")
+            return
+        raw, found = out[at]
+        members = json.members(bytes(raw))
+        content = members.get("content")
+        if content is not None and _is_array(content):
+            items = json.array_items(content)
+            decoded = orjson.loads(bytes(content))
+        else:  # a string: one text block, as the API reads it
+            text = orjson.loads(bytes(content)) if content is not None else ""
+            decoded = [{"type": "text", "text": text}]
+            items = [json.dumps(decoded[0])]
+        results = 0  # tool results stay first (the API's rule)
+        while (results < len(decoded) and isinstance(decoded[results], dict)
+               and decoded[results].get("type") == "tool_result"):
+            results += 1
+        joined = json.join_array([*items[:results], *(json.dumps(b) for b in blocks),
+                                  *items[results:]])
+        out[at] = (json.splice(members, {"content": joined}), [*found, *moved])
+
+    def _pin(self, out: list[tuple[json.RawJSON, list[Any]]], roles: list[str],
+             groups: list[_Group]) -> None:
         """A compaction keeps the ``system`` messages the client put before its first assistant
-        turn (Claude Code's environment: working directory, platform, date): after the proxy's
-        own system messages and the first kept message, as the client had them after its first
-        request."""
+        turn (Claude Code's environment: working directory, platform, date): right after the
+        first user turn, as the client had them (the API takes one there, followed by an
+        assistant turn)."""
         first = next((j for j, m in enumerate(self.wire) if m.get("role") == "assistant"),
                      len(self.wire))
         present = {g.src for g in groups if g.src is not None}
         lost = [j for j in range(first) if self.wire[j].get("role") in _SYSTEM_ROLES
                 and j not in present]
+        if not lost:
+            return
         at = 0
-        while at < len(groups) and groups[at].src is None and groups[at].role == "system":
-            at += 1
-        if at < len(groups) and groups[at].role == "user":
-            at += 1
+        while at < len(roles) and roles[at] == "user":
+            at += 1  # consecutive user messages are one turn to the API
         out[at:at] = [(self.raw_item(j), list(_markers(self.wire[j]))) for j in lost]
-
-    def _mark(self, out: list[tuple[json.RawJSON, list[Any]]], groups: list[_Group],
-              first: int) -> None:
-        """The first system message the proxy adds takes a ``cache_control`` marker lost with
-        the evicted turns, when there is room for it: the new prefix then caches."""
-        system = self.body.get("system")
-        before = [*_markers(self.body.get("tools")), *_markers(system)]
-        marker = self._moved_marker(before, [mk for _, found in out for mk in found])
-        if marker is None:
-            return
-        _, m = groups[first].parts[0]
-        blocks = [*_blocks(m.get("content"))]
-        if not blocks:
-            return
-        blocks[-1] = {**blocks[-1], "cache_control": marker}
-        out[first] = (json.dumps({"role": "system", "content": blocks}), [marker])
+        roles[at:at] = ["system"] * len(lost)
 
     # -- one wire message ----------------------------------------------------------------------
 

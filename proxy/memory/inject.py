@@ -3,8 +3,9 @@
 The pipeline works on chat-shaped messages whatever the wire format; :func:`inject` puts the
 memory message right after the leading system/developer messages of the *client's* history,
 that is before a summary the compaction inserted there. Each format writes it where it keeps
-system text (chat: a system message; Responses: a developer item; Anthropic Messages: a
-``system`` block after the client's own). Same text and same messages give the same bytes.
+system text (chat: a system message; Responses: a developer item; Anthropic Messages: the
+first text block of the first user turn, :mod:`proxy.formats.messages`). Same text and same
+messages give the same bytes.
 """
 
 from __future__ import annotations

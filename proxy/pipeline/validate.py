@@ -38,7 +38,8 @@ Repairs, in order of the input (indices in the repair notes refer to the input l
 Anthropic Messages (``request.api == "messages"``) adds one rule: the conversation after the
 leading system block starts with a user message. A compaction whose kept suffix starts with an
 assistant turn (the agent loop is cut mid-way, so its user request is in the summary) gets a
-short user message, :data:`BRIDGE`, in front of it; everything else about pairs is the same
+short user message, :data:`BRIDGE`, in front of it (the Messages writer puts the summary's text
+before it in that message); everything else about pairs is the same
 (a ``tool_result`` answers a ``tool_use`` of the message right before it, which in this model is
 a tool message following its assistant message).
 
@@ -64,8 +65,8 @@ _log = logging.getLogger("proxy.pipeline")
 __all__ = ["BRIDGE", "PLACEHOLDER", "Validation", "is_valid", "starts_with_user", "validate"]
 
 PLACEHOLDER = "[ctxproxy: no result was recorded for this call]"
-BRIDGE = ("[ctxproxy: the earlier part of this conversation is summarized in the system prompt; "
-          "continue from where it left off]")
+BRIDGE = ("[ctxproxy: the earlier turns of this conversation were compacted; continue from where "
+          "it left off]")
 _LEADING = frozenset({"system", "developer"})
 
 

@@ -666,10 +666,10 @@ def split_body(body: Mapping[str, Any]) -> tuple[str, str]:
     context: list[str] = []
     for key, value in body.items():
         if key in ("messages", "input"):
-            for item in value if isinstance(value, list) else []:
-                texts = list(_leaves(item))
-                (summary if any(t.startswith(SUMMARY_HEADING) for t in texts) else context
-                 ).extend(texts)
+            # By text: in Messages the summary is a block of the first user turn, beside the
+            # user's own text.
+            for text in _leaves(value):
+                (summary if text.startswith(SUMMARY_HEADING) else context).append(text)
         elif key != "tools":
             context.extend(_leaves(value))
     return "\n".join(context), "\n".join(summary)

@@ -715,12 +715,20 @@ _VOLATILE = re.compile(r"^(Chunk ID|Wall time|Original token count): |<total_tok
 
 
 def _summary_in(body: Mapping[str, Any]) -> str | None:
-    """The summary text a forwarded request carries (Messages: a system message in
-    ``messages``; Responses: a developer item), if any."""
+    """The summary text a forwarded request carries (Messages: a text block of the first
+    user turn; Responses: a developer item), if any."""
     items = body.get("messages") if "messages" in body else body.get("input")
     for item in items or ():
-        if isinstance(item, dict) and item.get("role") in ("system", "developer"):
-            text = _text(item.get("content"))
+        if not isinstance(item, dict):
+            continue
+        content = item.get("content")
+        if item.get("role") == "user" and isinstance(content, list):
+            for block in content:
+                if (isinstance(block, dict) and isinstance(block.get("text"), str)
+                        and block["text"].startswith(SUMMARY_HEADING)):
+                    return str(block["text"])
+        elif item.get("role") in ("system", "developer"):
+            text = _text(content)
             if SUMMARY_HEADING in text:
                 return text
     return None
