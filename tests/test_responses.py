@@ -6,6 +6,7 @@ continued responses passed through."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -333,6 +334,31 @@ def test_the_read_tool_is_withheld_from_a_stream(proxy: ServerThread, fake: Fake
     final = events[-1].response  # type: ignore[union-attr]
     assert final.output_text == "The file says it all."
     assert [o.type for o in final.output] == ["reasoning", "message"]
+
+
+def test_a_gateways_done_marker_ends_the_stream_once(
+    proxy: ServerThread, fake: FakeUpstream
+) -> None:
+    """An OpenAI-compatible gateway ends every stream with ``data: [DONE]``: the read round's
+    must not reach the client (the openai SDK stops reading at the first one)."""
+    reader = Reader(fake)
+
+    def ending(req: dict[str, Any]) -> Reply:
+        return dataclasses.replace(reader(req), done_marker=True)
+
+    fake.responder = ending
+    payload = {"model": "gpt-5.1-codex", "input": reading_input(), "stream": True,
+               "tools": [{"type": "function", "name": "shell", "parameters": {}}]}
+    with httpx.stream("POST", proxy.url + "/v1/responses", json=payload,
+                      headers={"authorization": "Bearer sk-r"}, timeout=30) as r:
+        raw = b"".join(r.iter_bytes())
+    assert reader.calls == 2
+    assert raw.count(b"data: [DONE]") == 1 and raw.rstrip().endswith(b"data: [DONE]")
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-r", max_retries=0)
+    rest = {k: v for k, v in payload.items() if k != "stream"}
+    events = list(client.responses.create(stream=True, **rest))  # type: ignore[call-overload]
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == "The file says it all."  # type: ignore[union-attr]
 
 
 def test_async_sdk_stream_and_not(proxy: ServerThread, fake: FakeUpstream) -> None:

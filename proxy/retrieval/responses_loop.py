@@ -18,7 +18,9 @@ withheld, ``output_index`` and ``sequence_number`` are renumbered (those members
 client sees one response with consecutive items; the ``response.created``/``in_progress`` of
 later rounds and the terminal event of internal rounds are withheld, and when something was
 withheld the final ``response.completed`` carries every item the client saw (usage summed when
-there were several rounds).
+there were several rounds). An upstream that ends its streams with ``data: [DONE]`` (an
+OpenAI-compatible gateway) ends the client's once, after the last round's terminal event: a
+round's own would end the client's stream there (the openai SDK stops reading at it).
 """
 
 from __future__ import annotations
@@ -190,6 +192,8 @@ class ResponsesReader(ReaderBase):
                 continue
             for chunk in rnd.finish(state.usage):
                 out.hold(chunk)
+            if rnd.done:
+                out.hold(frame("", b"[DONE]"))
             if rnd.ours and rnd.terminal is not None:
                 await self._dropped(state, identity, rnd.output, rnd.ours, settled)
             break
@@ -249,6 +253,7 @@ class _Round:
         self.response_id: Any = None
         self.terminal: _Held | None = None
         self.failed = False
+        self.done = False  # the upstream ended the round's stream with [DONE]
         self._index: dict[int, int] = {}  # upstream output_index -> the client's
         self._hidden: set[int] = set()  # upstream output_index withheld
         self._held: list[_Held] = []  # a reasoning item's events, pending
@@ -271,6 +276,9 @@ class _Round:
         return []
 
     def feed(self, name: str, raw: bytes) -> list[bytes]:
+        if raw.strip() == b"[DONE]":
+            self.done = True  # the stream's end, sent once by the loop (module docstring)
+            return []
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:

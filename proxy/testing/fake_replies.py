@@ -146,6 +146,8 @@ class Reply:
     ``compaction``: the ``encrypted_content`` of a Responses ``compaction`` output item (the
     provider's remote compaction, what Codex asks for with a ``compaction_trigger`` item), sent
     first; chat and Messages ignore it.
+    ``done_marker``: a Responses or Messages stream ends with ``data: [DONE]`` too, as
+    OpenAI-compatible gateways end every stream (chat streams always do).
     """
 
     content: str | None = "ok"
@@ -164,6 +166,7 @@ class Reply:
     reasoning_signature: str | None = None
     error_detail: ErrorDetail | None = None
     compaction: str | None = None
+    done_marker: bool = False
 
     @classmethod
     def error(

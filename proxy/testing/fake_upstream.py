@@ -70,6 +70,7 @@ from .fake_messages import (
 )
 from .fake_replies import CREATED as CREATED
 from .fake_replies import (
+    DONE,
     JSON_CT,
     SSE_HEADERS,
     ErrorDetail,
@@ -436,6 +437,8 @@ class FakeUpstream:
             elif stream:
                 assert watcher is not None
                 events = fmt.events(rec, req, reply, seq)
+                if reply.done_marker and not events[-1:] == [DONE]:
+                    events = [*events, DONE]
                 await self._stream(rec, reply, events, fmt.request_id_header, seq, send, watcher)
             else:
                 out = orjson.dumps(fmt.body(rec, req, reply, seq))
