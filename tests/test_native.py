@@ -151,6 +151,26 @@ def test_ctxproxy_compaction_keeps_the_compaction_item_and_summarizes_only_after
         assert posted_item(sent.body, item)
 
 
+def test_the_output_in_the_compaction_items_turn_is_never_cut_harder(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    """Codex after a remote compaction: the first call after the item rides in its turn; its
+    output (12 KB: over stage 2's budget, under stage 1's) keeps its stage-1 form when ctxproxy
+    later summarizes the turns after it."""
+    resp.summarizing(fake)
+    srv = make_proxy({"compaction": {"context_windows": {"gpt-5.1-codex": WINDOW}}})
+    items = after_compaction(20)
+    k = items.index(COMPACTION)
+    first = next(i for i in range(k, len(items)) if items[i]["type"] == "function_call_output")
+    items[first] = {**items[first], "output": "first output line\n" * 700}  # 12.6 KB
+    r = resp.post(srv, resp.body(items))
+    assert r.status_code == 200 and r.headers["x-ctxproxy-compacted"] == "1"
+    sent = fake.received[-1]
+    out = sent.json()["input"]
+    assert out[: first + 1] == items[: first + 1]
+    assert posted_item(sent.body, items[first])  # byte for byte, not re-cut
+
+
 def test_the_threshold_counts_from_the_newest_compaction_item(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:

@@ -33,6 +33,7 @@ from .files import first_line, json_args, tool_path
 from .filewise import FileForms, Form
 from .markers import Pointer
 from .model import FileWrite, Message, RequestView, StageOutcome, result_text
+from .native import head as native_head
 from .native import native, newest_compaction
 from .notice import parse_notice
 from .policies import Policies
@@ -82,10 +83,10 @@ def _with_text(message: Message, text: str) -> Message:
 
 
 def _frozen(messages: list[Message]) -> int:
-    """Results before the provider's newest compaction item are out of its context: they keep
-    the stage-1 cut they had on arrival, never aged or cut harder (pipeline.native)."""
-    k = newest_compaction(messages)
-    return 0 if k is None else k
+    """Results through the turn of the provider's newest compaction item (the never-compacted
+    head, :func:`proxy.pipeline.native.head`: the item's own turn included, whose results the
+    readers group with it) keep the stage-1 cut they had on arrival, never aged or cut harder."""
+    return 0 if newest_compaction(messages) is None else native_head(messages)
 
 
 def read_calls(
