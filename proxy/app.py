@@ -8,7 +8,6 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
-    Iterable,
     Sequence,
 )
 
@@ -22,10 +21,10 @@ from starlette.types import Message, Receive, Scope, Send
 
 from .access import AccessLog
 from .asgi import refuse_websocket, send_error
-from .auth import Gate
+from .auth import Gate, key_headers
 from .config import Config
 from .conversation import Conversation
-from .errors import AuthRequired, ProxyError, envelope
+from .errors import AuthRequired, BadRequest, ProxyError, envelope
 from .formats.chat import CHAT
 from .formats.messages import MESSAGES
 from .formats.responses import RESPONSES
@@ -112,9 +111,12 @@ class Proxy:
             # The gate, before a byte of the body is read (/files asks it itself, to answer
             # browsers with a login prompt).
             try:
-                caller = self._gate.caller(_key_headers(scope["headers"]))
+                caller = self._gate.caller(key_headers(scope["headers"]))
             except AuthRequired as exc:
                 self._metrics.auth_failures.inc()
+                await send_error(send, exc, anthropic=anthropic)
+                return
+            except BadRequest as exc:
                 await send_error(send, exc, anthropic=anthropic)
                 return
             scope.setdefault("state", {})["caller"] = caller
@@ -142,15 +144,6 @@ class Proxy:
                 raise
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
             await send_error(send, ProxyError("internal proxy error"), anthropic=anthropic)
-
-
-_KEY_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key"})
-
-
-def _key_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    """Only the headers a key may come in (the gate needs nothing else)."""
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw
-            if k.lower() in _KEY_HEADERS}
 
 
 class App(AccessLog):

@@ -20,14 +20,17 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from .config import DIGEST_PREFIX, MASTER_TENANT, AuthConfig
-from .errors import AuthRequired
+from .errors import AuthRequired, BadRequest
 from .session import ANON, client_key, tenant_of
 
-__all__ = ["Caller", "Gate", "presented_key"]
+__all__ = ["Caller", "Gate", "key_headers", "presented_key"]
+
+_KEY_HEADERS: Final = frozenset({b"authorization", b"x-api-key", b"api-key"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,22 @@ class Caller:
     def scope(self) -> str | None:
         """The tenant filter for listings; ``None`` means every tenant (master key)."""
         return None if self.master else self.tenant
+
+
+def key_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The headers a key may come in, lower-cased (the gate needs nothing else). One of them
+    sent twice is a 400: which copy the gate, ``/files`` and the provider would each read is
+    anyone's guess (HTTP lets a server take either), so none is taken."""
+    found: dict[str, str] = {}
+    for k, v in raw:
+        name = k.lower()
+        if name in _KEY_HEADERS:
+            key = name.decode("latin-1")
+            if key in found:
+                raise BadRequest(f"more than one {key!r} header: send the key once",
+                                 param=key)
+            found[key] = v.decode("latin-1")
+    return found
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

@@ -113,6 +113,21 @@ async def test_a_missing_or_wrong_key_gets_401_and_nothing_happens(
     assert stored_files(data_dir) == []
 
 
+@pytest.mark.parametrize("path", [CHAT, "/v1/messages", "/files"])
+async def test_a_key_header_sent_twice_is_refused_everywhere(
+    closed: InProcess, fake: FakeUpstream, data_dir: Path, path: str
+) -> None:
+    """Which copy the gate, /files and the provider would read differs (first, last): the
+    request is refused before anything happens."""
+    headers = [("authorization", f"Bearer {KEY_A}"), ("authorization", f"Bearer {MASTER}")]
+    method = "GET" if path == "/files" else "POST"
+    r = await closed.client.request(method, path, headers=headers,
+                                    content=orjson.dumps(chat_body()) if method == "POST" else None)
+    assert r.status_code == 400
+    assert "more than one 'authorization' header" in r.text
+    assert fake.request_count == 0 and stored_files(data_dir) == []
+
+
 def test_401_comes_before_the_body_is_read(make_proxy: ProxyFactory, env_key: None) -> None:
     """Headers announcing a 50 MB body, then nothing: the refusal does not wait for it."""
     closed = make_proxy(KEYS)

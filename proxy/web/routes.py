@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.auth import Caller
+from proxy.auth import Caller, key_headers
 from proxy.errors import AuthRequired, BadRequest, NotFound, OffloadedFileMissing, ProxyError
 from proxy.ledger.entry import Change, LedgerEntry
 from proxy.routes import services_of
@@ -92,7 +92,8 @@ class FilesApp:
         ask = ask_of(request.headers, request.query_params, scope.get("root_path", ""))
         try:
             rt = services_of(scope)
-            caller = rt.gate.caller(request.headers, files=True, login=ask.query.get("login") == "1")
+            caller = rt.gate.caller(key_headers(scope["headers"]), files=True,
+                                    login=ask.query.get("login") == "1")
             rest: str = scope.get("path_params", {}).get("rest", "")
             # Disk and database work happens off the event loop; chat traffic must not wait.
             response = await asyncio.to_thread(self._answer, rt, caller, ask, rest)
