@@ -13,6 +13,7 @@ from typing import Any
 
 from .config import Config, exposure_problem, load_config
 from .errors import ConfigError
+from .logs import BoundedFormatter
 from .telemetry import installation_problem
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
@@ -55,7 +56,7 @@ def _with_overrides(config: Config, host: str | None, port: int | None) -> Confi
 
 def _setup_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    handler.setFormatter(BoundedFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger("proxy")
     root.addHandler(handler)
     root.setLevel(level.upper())

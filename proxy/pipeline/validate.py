@@ -68,6 +68,7 @@ PLACEHOLDER = "[ctxproxy: no result was recorded for this call]"
 BRIDGE = ("[ctxproxy: the earlier turns of this conversation were compacted; continue from where "
           "it left off]")
 _LEADING = frozenset({"system", "developer"})
+_SHOWN_REPAIRS = 5  # a log line names the first repairs only (a client controls how many)
 
 
 def starts_with_user(messages: list[Message]) -> Validation:
@@ -254,7 +255,10 @@ class ValidateStage:
     def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
         result = validate(messages)
         if result.changed:
-            _log.warning("repaired the message list before forwarding: %s", "; ".join(result.repairs))
+            shown = "; ".join(result.repairs[:_SHOWN_REPAIRS])
+            more = len(result.repairs) - _SHOWN_REPAIRS
+            _log.warning("repaired the message list before forwarding: %s%s", shown,
+                         f"; and {more} more" if more > 0 else "")
         repairs = len(result.repairs)
         # A history the client itself starts with an assistant turn is the provider's to judge.
         if request.api == "messages" and not starts_with_user(list(request.messages)).changed:
