@@ -9,7 +9,14 @@ from collections.abc import Awaitable
 
 from starlette.types import Receive, Scope, Send
 
-from .errors import ClientDisconnected, PayloadTooLarge, ProxyError, UpgradeRequired
+from .encoding import decode_body, encodings
+from .errors import (
+    ClientDisconnected,
+    PayloadTooLarge,
+    ProxyError,
+    RequestTimeout,
+    UpgradeRequired,
+)
 
 __all__ = [
     "JSON_CT",
@@ -26,10 +33,17 @@ __all__ = [
 Headers = list[tuple[bytes, bytes]]
 
 JSON_CT = (b"content-type", b"application/json")
+# Compressed bodies up to this size are decoded on the event loop (well under a millisecond).
+_DECODE_ON_LOOP = 64 * 1024
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """Read the whole request body, refusing early once it passes `limit` bytes."""
+async def read_body(scope: Scope, receive: Receive, limit: int, *,
+                    idle_s: float | None = None) -> bytes:
+    """Read the whole request body, refusing early once it passes ``limit`` bytes, and decode
+    its ``Content-Encoding`` (:mod:`proxy.encoding`). ``idle_s``: the longest wait for the
+    next part of the body (a 408 after it: a client that stalls holds a connection and a
+    buffer)."""
+    codings: list[str] = []
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
@@ -38,11 +52,16 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
                 declared = 0
             if declared > limit:
                 raise PayloadTooLarge(f"request body of {declared} bytes exceeds {limit} bytes")
-            break
+        elif name == b"content-encoding":
+            codings += encodings(value)
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        try:
+            async with asyncio.timeout(idle_s):
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeout(f"no part of the request body came for {idle_s:g} s") from None
         if message["type"] == "http.disconnect":
             raise ClientDisconnected("client disconnected while sending the body")
         chunk = message.get("body", b"")
@@ -53,7 +72,12 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if not codings:
+        return body
+    if len(body) > _DECODE_ON_LOOP:  # megabytes out of it: a worker thread's work
+        return await asyncio.to_thread(decode_body, body, codings, limit)
+    return decode_body(body, codings, limit)
 
 
 async def _wait_disconnect(receive: Receive) -> None:

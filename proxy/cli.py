@@ -13,6 +13,7 @@ from typing import Any
 
 from .config import Config, exposure_problem, load_config
 from .errors import ConfigError
+from .httpserver import header_deadline_protocol
 from .logs import BoundedFormatter
 from .telemetry import installation_problem
 
@@ -97,6 +98,7 @@ def serve(config: Config, log_level: str) -> int:
     )
     # uvicorn's Config annotates the timeout as int; it only reaches asyncio.wait_for.
     drain: Any = config.server.shutdown_timeout_s
+    keepalive: Any = config.server.keepalive_s  # annotated int too; a float works the same
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
@@ -111,6 +113,8 @@ def serve(config: Config, log_level: str) -> int:
             date_header=False,
             lifespan="on",
             timeout_graceful_shutdown=drain,
+            http=header_deadline_protocol(config.server.header_timeout_s),
+            timeout_keep_alive=keepalive,
         )
     except _Terminated:
         pass

@@ -50,6 +50,16 @@ class ServerConfig(_Section):
         "run to completion (new connections are refused at once); what is still running then "
         "is cut off. Keep the orchestrator's kill deadline above it.",
     )
+    header_timeout_s: float = Field(
+        30, gt=0,
+        description="Longest a client may take from opening a connection (or from the first "
+        "byte of a request on a kept-alive one) to the end of the request's headers; the "
+        "connection is closed after it.")
+    body_timeout_s: float = Field(
+        60, gt=0,
+        description="Longest wait for the next part of a request body; a 408 after it.")
+    keepalive_s: float = Field(
+        5, gt=0, description="How long an idle kept-alive client connection stays open.")
 
 
 class UpstreamConfig(_Section):

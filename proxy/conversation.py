@@ -74,7 +74,8 @@ class Conversation:
         svc = services_of(scope)
         caller = caller_of(scope)
         fmt = self.fmt
-        raw = await read_body(scope, receive, svc.max_body)
+        raw = await read_body(scope, receive, svc.max_body,
+                              idle_s=svc.config.server.body_timeout_s)
         large, huge = len(raw) >= LARGE_BODY, len(raw) >= HUGE_BODY
         parsed = await _cpu(huge, fmt.parse, raw, svc.config.server.max_messages)
         body = parsed.body

@@ -6,7 +6,9 @@ those that reach a client become OpenAI's error envelope with the class's status
     ├── Unauthorized (401)
     │   └── AuthRequired                 also asks a browser to log in
     ├── NotFound (404)
+    ├── RequestTimeout (408)             a client too slow sending its body
     ├── PayloadTooLarge (413)
+    ├── UnsupportedMediaType (415)       a Content-Encoding the proxy cannot decode
     ├── UpgradeRequired (426)            a WebSocket upgrade: clients fall back to HTTPS
     ├── ClientDisconnected (499)
     ├── UpstreamError (502)
@@ -89,10 +91,22 @@ class NotFound(ProxyError):
     code = "not_found"
 
 
+class RequestTimeout(ProxyError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UnsupportedMediaType(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
 
 
 class UpgradeRequired(ProxyError):

@@ -97,7 +97,8 @@ class PassThrough:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         svc = services_of(scope)
         subpath = passthrough_subpath(scope)  # before reading the body: a refusal costs nothing
-        raw = await read_body(scope, receive, svc.max_body)
+        raw = await read_body(scope, receive, svc.max_body,
+                              idle_s=svc.config.server.body_timeout_s)
         forwarder = svc.forwarder
         if is_anthropic(scope, subpath):
             # anthropic.base_url is written without /v1, as the Anthropic SDKs take it.

@@ -28,6 +28,9 @@ _HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
+        # The proxy decodes a compressed request body (proxy.encoding): what it forwards is
+        # identity bytes, which this header would no longer describe.
+        "content-encoding",
         "accept-encoding",
         "expect",
     }
