@@ -109,6 +109,8 @@ class Archive:
         answer: dict[str, Any] | Sequence[dict[str, Any]] | None,
         writes: Writes,
         internal: Sequence[Any] = (),
+        *,
+        incomplete: bool = False,
     ) -> bool:
         """Archive the answer (and the proxy's read rounds) before the response's last byte,
         for a store other replicas share: the client's next turn may land on another replica,
@@ -117,7 +119,7 @@ class Archive:
         if writes.mode is not Mode.NOW or (not answer and not internal):
             return False
         await writes.drain()  # the request's own held lines first, in order
-        record = self._answer_job(identity, messages, chains, answer, internal)
+        record = self._answer_job(identity, messages, chains, answer, internal, incomplete)
         if record is None:
             return True
         try:
@@ -135,8 +137,10 @@ class Archive:
         chains: Sequence[str],
         answer: dict[str, Any] | Sequence[dict[str, Any]] | None,
         internal: Sequence[Any],
+        incomplete: bool = False,
     ) -> Callable[[], int] | None:
-        """The write that archives an answer; None when it is archived already."""
+        """The write that archives an answer (``incomplete``: its stream broke); None when it
+        is archived already."""
         tenant, session = identity.tenant, identity.session
         store = self.store
         if not internal and len(chains) == len(messages):
@@ -150,9 +154,11 @@ class Archive:
             if internal:
                 # The proxy's own read rounds: archived (lossless) as the continuation the
                 # model saw.
-                result = store.record(tenant, session, [*messages, *internal], answer=answer)
+                result = store.record(tenant, session, [*messages, *internal], answer=answer,
+                                      incomplete=incomplete)
             else:
-                result = store.record(tenant, session, messages, chains=chains, answer=answer)
+                result = store.record(tenant, session, messages, chains=chains, answer=answer,
+                                      incomplete=incomplete)
             if result.answer_chain is not None:
                 self.known.add(tenant, session, (result.answer_chain,))
             return result.bytes_written
@@ -170,6 +176,7 @@ class Archive:
         internal: Sequence[Any] = (),
         *,
         recorded: bool = False,
+        incomplete: bool = False,
     ) -> None:
         """After the response: archive the answer (a message, or the list of items a Responses
         answer has) and count the turn, off the request's path.
@@ -187,7 +194,7 @@ class Archive:
         )
         if recorded or (not answer and not internal):
             return
-        record = self._answer_job(identity, messages, chains, answer, internal)
+        record = self._answer_job(identity, messages, chains, answer, internal, incomplete)
         if record is None:
             return
 
@@ -226,7 +233,7 @@ class NullArchive:
     async def record_answer_now(
         self, identity: Identity, messages: Sequence[Any], chains: Sequence[str],
         answer: dict[str, Any] | Sequence[dict[str, Any]] | None, writes: Writes,
-        internal: Sequence[Any] = (),
+        internal: Sequence[Any] = (), *, incomplete: bool = False,
     ) -> bool:
         return False
 
@@ -234,6 +241,7 @@ class NullArchive:
         self, identity: Identity, messages: Sequence[Any], chains: Sequence[str],
         answer: dict[str, Any] | Sequence[dict[str, Any]] | None, stats: Mapping[str, int],
         writes: Writes, internal: Sequence[Any] = (), *, recorded: bool = False,
+        incomplete: bool = False,
     ) -> None:
         return None
 

@@ -28,7 +28,6 @@ from .retrieval.loop import Finish, ReadLoop, Rounds
 from .routes import caller_of, header_map, services_of
 from .services import Services
 from .session import Identity, resolve
-from .upstream.relay import anthropic_error_event, sse_error_event
 from .upstream.thinking import Binding
 from .writes import Mode, Writes
 
@@ -149,7 +148,8 @@ class Conversation:
                 # A shared store: the answer is archived before the last byte too
                 # (Archive.record_answer_now).
                 archived.append(await svc.archive.record_answer_now(
-                    identity, sent, chains, tap.answer(), writes, done.internal))
+                    identity, sent, chains, tap.answer(), writes, done.internal,
+                    incomplete=not tap.complete()))
 
         async def before_end() -> None:
             await writes.drain()
@@ -171,7 +171,7 @@ class Conversation:
                 stream_tap=tap.stream, whole_tap=tap.whole,
                 on_status=on_status, before_end=before_end if shared else writes.drain,
                 buffer_unknown=True,
-                error_event=anthropic_error_event if fmt.name == "messages" else sse_error_event,
+                error_event=tap.error_event,
                 binding=binding,
             )
         disconnected = False
@@ -192,7 +192,7 @@ class Conversation:
                 svc.replays.answered(identity, fmt.name, parsed.history, answer)
             svc.archive.record_answer_later(
                 identity, sent, chains, answer, result.stats, writes, rounds.internal,
-                recorded=any(archived),
+                recorded=any(archived), incomplete=not tap.complete(),
             )
             # Every upstream call is billed: the read loop's, each with its own usage; else
             # the one answer the tap saw.

@@ -42,6 +42,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.pipeline.notice import parse_notice
+from proxy.store.dialog import read
 from proxy.testing.fake_upstream import FakeUpstream, Reply, error_body
 from proxy.testing.inprocess import InProcess
 from proxy.testing.servers import ServerThread, serve_in_thread
@@ -898,3 +899,49 @@ async def test_the_next_request_gets_its_answer(up: DroppingUpstream, tmp_path: 
         second = await proxy.client.post(CHAT, json=body)
     assert (first.status_code, second.status_code) == (502, 200)
     assert second.content == ANSWER and up.requests == 2
+
+
+# --- a stream the upstream breaks off, in each format ---------------------------------------
+
+
+_BROKEN = {
+    "chat": ("/v1/chat/completions", {"model": "m", "stream": True,
+                                      "messages": [{"role": "user", "content": "hi"}]}),
+    "responses": ("/v1/responses", {"model": "m", "stream": True, "input": "hi"}),
+    "messages": ("/v1/messages", {"model": "m", "stream": True, "max_tokens": 64,
+                                  "messages": [{"role": "user", "content": "hi"}]}),
+}
+
+
+@pytest.mark.parametrize("fmt", list(_BROKEN))
+def test_a_broken_stream_ends_with_the_formats_error_and_is_archived_incomplete(
+    make_proxy: ProxyFactory, fake: FakeUpstream, data_dir: Path, fmt: str
+) -> None:
+    srv = make_proxy()
+    path, body = _BROKEN[fmt]
+    fake.script(Reply(content="partial answer " * 20, stream_pieces=8, break_after_events=6))
+    with httpx.stream("POST", srv.url + path, content=orjson.dumps(body), timeout=10,
+                      headers={"x-session-id": f"broken-{fmt}", "x-api-key": "sk-ant-x",
+                               "authorization": "Bearer sk-x"}) as r:
+        assert r.status_code == 200
+        raw = b"".join(r.iter_raw())
+    events = [e for e in raw.split(b"\n\n") if e.strip()]
+    last = events[-1]
+    if fmt == "chat":
+        assert orjson.loads(last.removeprefix(b"data: "))["error"]["code"] == \
+            "upstream_stream_broken"
+    else:
+        name, data = last.split(b"\n", 1)
+        assert name == b"event: error"
+        error = orjson.loads(data.removeprefix(b"data: "))
+        assert error["type"] == "error"
+        if fmt == "responses":  # numbered after the six events relayed, as the API numbers
+            assert error["sequence_number"] == 6 and error["code"] == "upstream_stream_broken"
+    srv.drain()
+    [dialog] = list(data_dir.glob(f"*/broken-{fmt}/dialog/*.jsonl"))
+    records = list(read(dialog))
+    answers = [r for r in records if r["role"] != "user"]
+    assert answers and all(r.get("incomplete") is True for r in answers)  # once, marked
+    assert len({r["chain"] for r in answers}) == len(answers)
+    assert "partial answer" in str(answers[-1]["message"])
+    assert not any(r.get("incomplete") for r in records if r["role"] == "user")

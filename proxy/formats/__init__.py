@@ -55,6 +55,18 @@ class Tap(Protocol):
 
     def answer(self) -> dict[str, Any] | list[Any] | None: ...
 
+    def error_event(self, message: str, code: str) -> bytes:
+        """The event a stream the upstream broke off ends with, in the format's own shape
+        (chat: an OpenAI error envelope as data; Messages: ``event: error``; Responses: an
+        ``error`` event numbered after the last one relayed)."""
+        ...
+
+    def complete(self) -> bool:
+        """Whether the answer came whole: a body, or a stream that reached its format's end
+        (chat's ``[DONE]``, Messages' ``message_stop``, a Responses terminal event). A broken
+        stream's answer is archived marked incomplete."""
+        ...
+
     def usage(self) -> Any:
         """The answer's ``usage`` object as the provider sent it (None when none was seen):
         :func:`proxy.ledger.usage.parse_usage` reads it in the format's name."""

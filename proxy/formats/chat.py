@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import BadRequest
+from ..errors import BadRequest, envelope
 from ..pipeline.model import Message
 from ..upstream.assemble import StreamAssembler, message_from_completion
 from . import Parsed, json
@@ -92,6 +92,14 @@ class ChatTap:
 
     def whole(self, body: bytes) -> None:
         self.body = body
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return b"data: " + orjson.dumps(envelope(message, "upstream_error", None, code)) + b"\n\n"
+
+    def complete(self) -> bool:
+        if self.assembler is not None:
+            return self.assembler.done
+        return self.body is not None
 
     def answer(self) -> dict[str, Any] | None:
         """The assistant message, as the non-stream answer would carry it."""

@@ -26,17 +26,20 @@ _DELTAS = {
 class MessagesAssembler:
     """Folds a stream's events into the message it streams."""
 
-    __slots__ = ("blocks", "json", "message")
+    __slots__ = ("blocks", "json", "message", "stopped")
 
     def __init__(self) -> None:
         self.message: dict[str, Any] | None = None
         self.blocks: dict[int, dict[str, Any]] = {}
         self.json: dict[int, str] = {}  # tool inputs, as their fragments arrive
+        self.stopped = False  # message_stop came: the stream reached its end
 
     def feed(self, data: dict[str, Any]) -> None:
         kind = data.get("type")
         index = data.get("index")
-        if kind == "message_start" and isinstance(data.get("message"), dict):
+        if kind == "message_stop":
+            self.stopped = True
+        elif kind == "message_start" and isinstance(data.get("message"), dict):
             self.message = dict(data["message"])
         elif kind == "content_block_start" and isinstance(index, int):
             block = data.get("content_block")
@@ -127,6 +130,16 @@ class MessagesTap:
         except orjson.JSONDecodeError:
             return None
         return data if isinstance(data, dict) else None
+
+    def error_event(self, message: str, code: str) -> bytes:
+        """As Anthropic ends a stream with an error."""
+        data = orjson.dumps({"type": "error", "error": {"type": "api_error", "message": message}})
+        return b"event: error\ndata: " + data + b"\n\n"
+
+    def complete(self) -> bool:
+        if self._assembler is not None:
+            return self._assembler.stopped
+        return self._body is not None
 
     def answer(self) -> dict[str, Any] | None:
         """The assistant message (None when nothing was seen)."""

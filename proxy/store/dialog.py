@@ -159,6 +159,7 @@ class _Pending(NamedTuple):
     chain: str
     parent: str | None
     message: Any
+    incomplete: bool = False  # an answer whose stream broke: what the client saw of it
 
 
 class Pending(NamedTuple):
@@ -173,7 +174,7 @@ class Pending(NamedTuple):
 def pending(
     messages: Sequence[Any], chains: Sequence[str] | None,
     answer: dict[str, Any] | Sequence[dict[str, Any]] | None,
-    digest_cache: DigestCacheLike | None,
+    digest_cache: DigestCacheLike | None, *, incomplete: bool = False,
 ) -> Pending:
     """The items a ``record`` call archives, each with its chain and parent (pure)."""
     if chains is None:
@@ -189,16 +190,20 @@ def pending(
     parent = chain_list[-1] if chain_list else None
     for k, one in enumerate(answers):
         answer_chain = chain_step(parent, one, digest_cache)
-        items.append(_Pending(len(messages) + k, answer_chain, parent, one))
+        items.append(_Pending(len(messages) + k, answer_chain, parent, one, incomplete))
         parent = answer_chain
     return Pending(items, tuple(chain_list), answer_chain)
 
 
 def line_of(item: _Pending, session: str, ts: str) -> bytes:
-    """An item's archive line (without the newline)."""
-    return line_json({"v": ARCHIVE_VERSION, "ts": ts, "session": session, "pos": item.pos,
-                      "chain": item.chain, "parent": item.parent, "role": role_of(item.message),
-                      "message": item.message})
+    """An item's archive line (without the newline); an answer whose stream broke says so
+    (``"incomplete": true``)."""
+    line = {"v": ARCHIVE_VERSION, "ts": ts, "session": session, "pos": item.pos,
+            "chain": item.chain, "parent": item.parent, "role": role_of(item.message),
+            "message": item.message}
+    if item.incomplete:
+        line["incomplete"] = True
+    return line_json(line)
 
 
 def role_of(message: Any) -> str | None:
@@ -241,17 +246,20 @@ class DialogArchive:
         chains: Sequence[str] | None = None,
         answer: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
         now: datetime | None = None,
+        incomplete: bool = False,
     ) -> RecordResult:
         """Archive the messages of a request (and the model's answer) not archived yet.
 
         ``chains`` may be passed when the caller already computed them for this exact list.
         ``answer`` is recorded at position ``len(messages)`` after the last message (a list of
-        answer items, as the Responses API returns, one after the other). Blocking
+        answer items, as the Responses API returns, one after the other); ``incomplete``: its
+        stream broke, and its lines say so. Blocking
         (disk + database lock): call it from a worker thread when on the event loop.
         """
         moment = utc(now)
         parts = dialog_parts(tenant, session, moment.date())
-        items, frozen_chains, answer_chain = pending(messages, chains, answer, self.digest_cache)
+        items, frozen_chains, answer_chain = pending(messages, chains, answer, self.digest_cache,
+                                                     incomplete=incomplete)
         if not items:
             return RecordResult(0, None, None, frozen_chains, answer_chain, False)
 

@@ -83,7 +83,7 @@ class DialogStore(Protocol):
         self, tenant: str, session: str, messages: Sequence[Any], *,
         chains: Sequence[str] | None = None,
         answer: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
-        now: datetime | None = None,
+        now: datetime | None = None, incomplete: bool = False,
     ) -> RecordResult: ...
 
     def span(self, tenant: str, session: str, chains: Sequence[str], *,

@@ -52,12 +52,14 @@ class PgDialog:
         chains: Sequence[str] | None = None,
         answer: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
         now: datetime | None = None,
+        incomplete: bool = False,
     ) -> RecordResult:
         """As :meth:`proxy.store.dialog.DialogArchive.record` (same lines, same numbering)."""
         check_name(tenant, "tenant")
         check_name(session, "session")
         moment = utc(now)
-        items, frozen, answer_chain = pending(messages, chains, answer, self.digest_cache)
+        items, frozen, answer_chain = pending(messages, chains, answer, self.digest_cache,
+                                              incomplete=incomplete)
         if not items:
             return RecordResult(0, None, None, frozen, answer_chain, False)
         rel = f"{DIALOG_DIR}/{dialog_filename(moment.date())}"
