@@ -17,7 +17,7 @@ def test_one_access_line_per_request(
     with caplog.at_level(logging.INFO, logger="proxy.access"):
         r = httpx.post(
             proxy.url + "/v1/chat/completions",
-            content=b'{"model":"m","messages":[]}',
+            content=b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',
             headers={"authorization": "Bearer sk-very-secret"},
         )
         httpx.get(proxy.url + "/healthz")

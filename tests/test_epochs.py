@@ -104,7 +104,9 @@ def body(fmt: str, history: list[dict[str, Any]]) -> dict[str, Any]:
     return {"model": model, "max_tokens": 1024,
             "system": [{"type": "text", "text": "You run steps.",
                         "cache_control": {"type": "ephemeral"}}],
-            "messages": history,
+            # Only the newest turn keeps its marker, as Claude Code moves its own: the API
+            # takes at most 4 cache breakpoints.
+            "messages": [*strip_cache_control(history[:-1]), *history[-1:]],
             "tools": [{"name": "bash", "input_schema": {"type": "object"}}]}
 
 

@@ -297,7 +297,7 @@ def test_responses_incomplete(oai: openai.OpenAI, url: str, fake: FakeUpstream) 
     assert resp.incomplete_details.reason == "max_output_tokens"
     assert resp.output[0].type == "message" and resp.output[0].status == "incomplete"
     fake.script(Reply(content="cut sh", finish_reason="length"))
-    events = sse(raw_post(url, "/responses", {"input": INPUT, "stream": True}).content)
+    events = sse(raw_post(url, "/responses", {"model": "m", "input": INPUT, "stream": True}).content)
     assert events[-1][0] == "response.incomplete"
     assert events[-1][1]["response"]["status"] == "incomplete"
 

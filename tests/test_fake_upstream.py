@@ -39,7 +39,9 @@ TOOLS_REPLY = Reply(
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[ServerThread, FakeUpstream]]:
-    fake = FakeUpstream(models=("fake-model", "other-model"))
+    # strict=False: the fake's own mechanics, driven with bare bodies ({"stream": true}) no
+    # provider would take (strict mode has its own tests: test_provider_rules.py).
+    fake = FakeUpstream(models=("fake-model", "other-model"), strict=False)
     with serve_in_thread(fake) as srv:
         yield srv, fake
 
@@ -458,7 +460,7 @@ def test_server_thread_port_known_and_stops() -> None:
 
 
 def test_server_thread_stops_with_hanging_request() -> None:
-    fake = FakeUpstream(default=Reply(delay_s=30))
+    fake = FakeUpstream(default=Reply(delay_s=30), strict=False)  # a bare {} body, to hang
     outcome: list[object] = []
 
     def call(url: str) -> None:
@@ -493,7 +495,7 @@ def test_server_thread_startup_failure() -> None:
 
 
 async def test_serve_async_same_loop() -> None:
-    fake = FakeUpstream()
+    fake = FakeUpstream(strict=False)  # the server helper, with a bare body
     fake.script(Reply(content="async hi", delay_s=0.05))
     async with serve_async(fake) as srv:
         assert srv.port != 0
@@ -518,6 +520,7 @@ def test_cli_subprocess() -> None:
             "0",
             "--content",
             "from cli",
+            "--no-strict",  # a bare body: the flag lets it through
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -75,9 +75,12 @@ _body = st.fixed_dictionaries(
               "stream_options": _json, "prompt_cache_key": _json})
 
 
-def test_generated_requests_never_get_a_proxy_5xx(fake_url: str, tmp_path: Path) -> None:
+def test_generated_requests_never_get_a_proxy_5xx(
+    fake: FakeUpstream, fake_url: str, tmp_path: Path
+) -> None:
     """Synchronous for hypothesis: the app runs in a loop of this test's own, driven one
     request at a time."""
+    fake.strict = False  # hostile input on purpose: the proxy's handling of it is under test
     with asyncio.Runner() as runner:
         app = runner.run(InProcess(create_app(proxy_config(fake_url, tmp_path / "data"))).start())
 
@@ -516,7 +519,9 @@ class Rig:
 def rig(tmp_path: Path) -> Iterator[Rig]:
     """A proxy in front of its own non-recording fake (10,000 bodies would pile up in the
     shared one), with a tiny context window so compaction runs too."""
-    fake = FakeUpstream(responder=hostile_responder, record=False)
+    # strict=False: hostile input on purpose (tool messages without calls, unknown roles...),
+    # answered as before so the proxy's whole path runs on it.
+    fake = FakeUpstream(responder=hostile_responder, record=False, strict=False)
     with serve_in_thread(fake) as upstream:
         config = proxy_config(upstream.url + "/v1", tmp_path / "data", {
             "upstream": {"timeout_s": 30},

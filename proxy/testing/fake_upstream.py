@@ -30,6 +30,15 @@ of 1024+ tokens, reads in 128-token steps), per API key and model, expiring afte
 unused (1 hour with a ``"ttl": "1h"`` marker) on ``fake.clock`` (``time.monotonic``; a test
 moves it on). Each request's share is in ``received[i].prompt``.
 
+Strict mode (on by default; ``FakeUpstream(strict=False)``, the attribute, or ``--no-strict``
+standalone, to turn it off): every model request is checked against the provider's documented
+validation rules (:mod:`.provider_rules`: roles, tool call pairing, mid-conversation system
+messages, cache breakpoints, per-model parameters...) before it is answered; an invalid one
+gets the provider's refusal (HTTP 400, or 404 for a Responses-only model on chat completions,
+in the format's own envelope, with the provider's message), consumes no scripted reply and is
+recorded in ``invalid`` (:class:`RuleVerdict`). ``model_rules`` (:class:`.ModelRules`) says which
+models take what; a name it does not know gets the permissive defaults.
+
 Threading: the app runs on the server's loop/thread while tests read ``received`` etc.
 from theirs; only appends/atomic deque ops cross threads, so no locks are needed.
 Serve one FakeUpstream from one server (loop) at a time.
@@ -40,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -92,6 +102,14 @@ from .prefix_check import (
     block_binding_of,
 )
 from .prompt_cache import PromptCache, cache_key
+from .provider_rules import (
+    DEFAULT_MODEL_RULES,
+    ModelRules,
+    Violation,
+    check_chat,
+    check_messages,
+    check_responses,
+)
 
 __all__ = [
     "CHAT_PATHS",
@@ -102,9 +120,12 @@ __all__ = [
     "PrefixVerdict",
     "Received",
     "Reply",
+    "RuleVerdict",
     "error_body",
     "main",
 ]
+
+log = logging.getLogger(__name__)
 
 Responder = Callable[[dict[str, Any]], "Reply | str | None"]
 
@@ -134,6 +155,27 @@ class PrefixVerdict:
     shown: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RuleVerdict:
+    """A model request strict mode refused: the request as received, the rule it broke
+    (:attr:`.Violation.rule`) and the provider's message; ``violation`` has the rest."""
+
+    received: Received
+    rule: str
+    message: str
+    violation: Violation
+
+
+def _violation_body(fmt: WireFormat, violation: Violation, seq: int) -> bytes:
+    """The refusal in ``fmt``'s envelope, ``param`` and ``code`` as the provider sends them
+    (null included: OpenAI's 404 for a Responses-only model has no code)."""
+    if fmt.name == MESSAGES.name:
+        return messages_error_body(
+            violation.status, ErrorDetail(violation.message, "invalid_request_error"), seq)
+    return orjson.dumps({"error": {"message": violation.message, "type": "invalid_request_error",
+                                   "param": violation.param, "code": violation.code}})
+
+
 class FakeUpstream:
     """ASGI3 app faking OpenAI- and Anthropic-compatible APIs; see the module docstring and
     :class:`Reply`.
@@ -160,13 +202,23 @@ class FakeUpstream:
         record: bool = True,
         prefix_check: bool = False,
         prompt_cache: bool = False,
+        strict: bool = True,
+        model_rules: ModelRules = DEFAULT_MODEL_RULES,
     ) -> None:
         self._initial = (
             dataclasses.replace(default) if default is not None else Reply(),
             responder,
             prefix_check,
             prompt_cache,
+            strict,
+            model_rules,
         )
+        #: refuse model requests the provider would refuse (see the module docstring)
+        self.strict = strict
+        #: which models take what, for strict mode's model-specific rules
+        self.model_rules = model_rules
+        #: model requests strict mode refused (always recorded)
+        self.invalid: list[RuleVerdict] = []
         #: report usage as under the provider's prompt cache (see the module docstring)
         self.prompt_cache = prompt_cache
         #: the prompts cached so far, per (credential, model)
@@ -229,6 +281,7 @@ class FakeUpstream:
             lst.clear()
         self.refused.clear()
         self.dropped.clear()
+        self.invalid.clear()
         self.binder.clear()
         self.request_count = self.completed_count = self.cancelled_count = 0
         self.aborted_count = self._seq = 0
@@ -236,6 +289,8 @@ class FakeUpstream:
         self.responder = self._initial[1]
         self.prefix_check = self._initial[2]
         self.prompt_cache = self._initial[3]
+        self.strict = self._initial[4]
+        self.model_rules = self._initial[5]
         self.cache.clear()
         self.clock = time.monotonic
 
@@ -378,6 +433,19 @@ class FakeUpstream:
             await send_bytes(send, 400, body, (JSON_CT,))
             self._done(rec)
             return
+        violation = self._check_rules(rec, req, fmt) if self.strict else None
+        if violation is not None:
+            # Refused before any output, as the API does: no reply is consumed.
+            self.invalid.append(RuleVerdict(rec, violation.rule, violation.message, violation))
+            # Said where a failing test shows it: the request the provider would refuse.
+            log.warning("strict: %s %s refused (%s): %s", rec.method, rec.path, violation.rule,
+                        violation.message)
+            self._seq += 1
+            body = _violation_body(fmt, violation, self._seq)
+            rid = (fmt.request_id_header, b"req_fake_%d" % self._seq)
+            await send_bytes(send, violation.status, body, (JSON_CT, rid))
+            self._done(rec)
+            return
         if fmt is MESSAGES and self.prefix_check:
             verdict = self._check_prefix(rec, req)
             if isinstance(verdict, str):
@@ -447,6 +515,15 @@ class FakeUpstream:
         finally:
             if watcher is not None:
                 watcher.cancel()
+
+    def _check_rules(self, rec: Received, req: dict[str, Any], fmt: WireFormat) -> Violation | None:
+        """The first provider rule ``req`` breaks (:mod:`.provider_rules`), or None."""
+        if fmt.name == MESSAGES.name:
+            version = rec.headers.get("anthropic-version")
+            return check_messages(req, self.model_rules, api_version=version)
+        if fmt.name == RESPONSES.name:
+            return check_responses(req, self.model_rules)
+        return check_chat(req, self.model_rules)
 
     def _check_prefix(self, rec: Received, req: dict[str, Any]) -> str | list[Any] | None:
         """The prefix check of one Messages request: the 400's message (str), or the
@@ -559,6 +636,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--prompt-cache", action="store_true",
         help="report usage as under the provider's prompt cache",
     )
+    p.add_argument(
+        "--no-strict", action="store_true",
+        help="answer requests the provider would refuse (no validation)",
+    )
     p.add_argument("--loop", default="auto", help="uvicorn loop: auto|uvloop|asyncio")
     p.add_argument("--http", default="auto", help="uvicorn http: auto|httptools|h11")
     args = p.parse_args(argv)
@@ -570,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         stream_pieces=args.stream_pieces,
     )
     fake = FakeUpstream(default=default, record=args.record, prefix_check=args.prefix_check,
-                        prompt_cache=args.prompt_cache)
+                        prompt_cache=args.prompt_cache, strict=not args.no_strict)
     sock = bind_socket(args.host, args.port)
     config = uvicorn.Config(
         fake, log_level="warning", access_log=False, lifespan="on", loop=args.loop, http=args.http
