@@ -131,9 +131,8 @@ def provider_units(fmt: str, body: dict[str, Any]) -> list[bytes]:
 
 
 def is_summarizer(path: str, body: dict[str, Any]) -> bool:
-    if path.endswith("/messages"):
-        return "summar" in str(body.get("system")).lower() and not body.get("tools")
-    return path.endswith("/chat/completions") and is_internal(body)
+    """A proxy's own call (summarizer, fold), which goes in the session's own format."""
+    return is_internal(body)
 
 
 def _strings(value: Any) -> Iterator[str]:

@@ -43,6 +43,7 @@ from proxy.config import config_from_mapping
 from proxy.demo import MODEL, WIRES, ScriptedModel, TurnFigures, drive, script
 from proxy.memory.inject import is_memory_message
 from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.own_calls import instructions_of, last_text, own_call
 from proxy.testing.servers import serve_in_thread
 from proxy.testing.slow_callbacks import SlowCallbacks
 
@@ -82,9 +83,6 @@ def conversation(body: dict[str, Any]) -> list[dict[str, Any]]:
     return body["messages"] if "messages" in body else body["input"]
 
 
-FOLD_PROMPT = "You maintain MEMORY.md"
-
-
 class Remembering:
     """The scripted model, plus long-term memory: summaries asked for durable facts carry the
     user's constraints found in the transcript (quoted) and a lesson; folds are answered from
@@ -95,11 +93,11 @@ class Remembering:
         self.folds = 0
 
     def __call__(self, body: dict[str, Any]) -> Reply:
-        msgs = body.get("messages") or []
-        first = msgs[0].get("content") if msgs else ""
-        if isinstance(first, str) and first.startswith(FOLD_PROMPT):
+        msgs = conversation(body)
+        first = instructions_of(body)
+        if own_call(body) == "fold":
             self.folds += 1
-            notes = msgs[-1]["content"].split("<notes>", 1)[1].split("</notes>", 1)[0]
+            notes = last_text(body).split("<notes>", 1)[1].split("</notes>", 1)[0]
             bullets = sorted({line for line in notes.split("\n") if line.startswith("- [")})
             prefs = [b for b in bullets if "Preference:" in b]
             lessons = [b for b in bullets if "Lesson:" in b]
@@ -107,8 +105,8 @@ class Remembering:
                     + "\n## Lessons\n" + "\n".join(lessons) + "\n")
             return Reply(content=text)
         reply = self.model(body)
-        if isinstance(first, str) and "## Durable Facts" in first:
-            seen = " ".join(str(m.get("content") or "") for m in msgs[1:])
+        if own_call(body) == "summarizer" and "## Durable Facts" in first:
+            seen = " ".join(str(m.get("content") or "") for m in msgs)
             facts = [f'- Preference: "{c}"' for c in CONSTRAINTS if c in seen]
             facts.append("- Lesson: `round()` broke test_rounding with AssertionError; fixed by "
                          "`Decimal.quantize`")
@@ -118,10 +116,8 @@ class Remembering:
 
 
 def is_internal(body: dict[str, Any]) -> bool:
-    """A summarizer or fold call (not the agent's)."""
-    first = conversation(body)[0].get("content")
-    return isinstance(first, str) and (first.startswith(FOLD_PROMPT) or (
-        "summar" in first.lower() and not first.startswith("You are a coding")))
+    """A summarizer or fold call (not the agent's), in the session's own format."""
+    return own_call(body) is not None
 
 
 

@@ -109,9 +109,10 @@ class AnthropicConfig(UpstreamConfig):
     )
     summarizer_model: str | None = Field(
         None,
-        description="Model that summarizes Messages sessions, asked through this upstream in "
-        "Messages format with the client's key; null: the request's own model. A "
-        "compaction.model that names a model_list route takes precedence.",
+        description="Model that summarizes (and folds the memory of) Messages sessions, asked "
+        "through this upstream in Messages format with the client's key; null: the request's "
+        "own model. A compaction.model (memory.model for the fold) that names a model_list "
+        "route takes precedence.",
     )
 
 
@@ -319,7 +320,17 @@ class CompactionConfig(_Section):
         0.2, gt=0, lt=1, description="Share of the window kept verbatim as the newest messages."
     )
     model: str | None = Field(
-        None, description="Model used to summarize; null uses the request's own model and route."
+        None, description="Model used to summarize chat-completions and Responses sessions "
+        "(Messages sessions: anthropic.summarizer_model); null uses the request's own model. "
+        "A model_list route's name goes through litellm, for every format."
+    )
+    temperature: float | None = Field(
+        None, ge=0, le=2,
+        description="Sampling temperature of the proxy's own calls (summarizer, memory fold); "
+        "null sends none, the model's default. Sent only to a model the catalogue says accepts "
+        "sampling parameters (catalog.models over litellm's map: not GPT-5 or o-series, not the "
+        "newer Claude models) and never with anthropic-version 2026-10-21 or later; otherwise "
+        "left out, with one log line per model."
     )
     precompact_ratio: float = Field(
         0.6, gt=0, le=1, description="From this share of the window, compute the summary early."
@@ -434,7 +445,10 @@ class MemoryConfig(_Section):
     model: str | None = Field(
         None,
         description="Model that folds; null: compaction.model, else the model of the request "
-        "that triggers the fold, through its route and with its credentials.",
+        "that triggers the fold. Asked like the summarizer: in the request's own wire format, "
+        "on that format's upstream, with that request's credentials (a Messages session's "
+        "fold goes to Anthropic with anthropic.summarizer_model unless this names a "
+        "model_list route).",
     )
 
 

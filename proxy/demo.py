@@ -24,6 +24,7 @@ import orjson
 from .app import create_app
 from .config import config_from_mapping
 from .testing.fake_upstream import FakeUpstream, Reply
+from .testing.own_calls import own_call
 from .testing.servers import serve_in_thread
 
 MODEL = "demo-model"
@@ -144,11 +145,10 @@ class ScriptedModel:
     since_text: int = 0
 
     def __call__(self, body: dict[str, Any]) -> Reply:
-        msgs = body.get("messages") or []
-        first = msgs[0].get("content") if msgs else ""
-        if isinstance(first, str) and not first.startswith(SYSTEM) and "summar" in first.lower():
+        if own_call(body) is not None:  # the proxy's summarizer, in the session's format
             self.summaries += 1
-            return Reply(content=self._summary(msgs), delay_s=self.summary_delay_s)
+            prompt = body.get("messages") or body.get("input") or []
+            return Reply(content=self._summary(prompt), delay_s=self.summary_delay_s)
         self.calls += 1
         # The model's own position in the script, not inferred from the (possibly compacted)
         # history it was sent: the session plays the same whatever the proxy forwards.

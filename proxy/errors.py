@@ -172,10 +172,15 @@ def anthropic_envelope(message: str, status: int) -> dict[str, Any]:
 
 
 class SummarizerError(ProxyError):
-    """The summarizer call failed; the compactor falls back to a deterministic summary."""
+    """The summarizer call failed; the compactor falls back to a deterministic summary.
+    ``provider_status``: the provider's HTTP status (0: no answer came, or it was unusable)."""
 
     type = "upstream_error"
     code = "summarizer_failed"
+
+    def __init__(self, message: str, *, provider_status: int = 0) -> None:
+        super().__init__(message)
+        self.provider_status = provider_status
 
 
 class StoreError(ProxyError):

@@ -87,6 +87,13 @@ class Metrics:
                                        "USD the same client requests would have cost sent "
                                        "directly (the counterfactual), priced models.",
                                        registry=r)
+        self.summarizer_errors = Counter("ctxproxy_summarizer_errors",
+                                         "The proxy's own model calls that failed, by kind "
+                                         "(summarizer, memory_fold) and the provider's status "
+                                         "(0: no answer: a timeout, a broken connection; 200: "
+                                         "an answer with no text). Each one's summary is the "
+                                         "fallback, or its fold wrote nothing.",
+                                         ["call", "status"], registry=r)
         self._live = _Live()
         r.register(self._live)
 

@@ -99,10 +99,12 @@ class PassThrough:
         subpath = passthrough_subpath(scope)  # before reading the body: a refusal costs nothing
         raw = await read_body(scope, receive, svc.max_body,
                               idle_s=svc.config.server.body_timeout_s)
-        forwarder = svc.forwarder
-        if is_anthropic(scope, subpath):
+        # The format decides the upstream (and so where the client's credentials go).
+        fmt = "messages" if is_anthropic(scope, subpath) else "chat"
+        _, forwarder = svc.upstream_of(fmt)
+        if fmt == "messages":
             # anthropic.base_url is written without /v1, as the Anthropic SDKs take it.
-            forwarder, subpath = svc.anthropic_forwarder, "v1/" + subpath
+            subpath = "v1/" + subpath
         work = forwarder.forward(scope, send, scope["method"], subpath, raw,
                                  buffer_unknown=False)
         if await run_until_disconnect(receive, work):

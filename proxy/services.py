@@ -2,8 +2,9 @@
 
     Services
       gate, metrics            who is calling; the Prometheus registry
-      upstream, forwarder      the pooled client for the OpenAI-compatible upstream; relaying
-      anthropic, anthropic_forwarder   the same for the Anthropic upstream (/v1/messages)
+      upstreams                the pooled clients for the OpenAI-compatible and the Anthropic
+                               upstreams and their forwarders, chosen by wire format (a
+                               credential only ever goes to its own format's provider)
       router                   model_list routes through litellm (imported on first use)
       store                    the storage backend (files + SQLite, or PostgreSQL)
       originals                offloaded originals (store)
@@ -40,7 +41,7 @@ from .archive import Archive, NullArchive
 from .auth import Gate
 from .background import Background
 from .catalog import Capabilities, ModelFacts
-from .compaction.client import SummarizerClient
+from .compaction.client import CallKind, SummarizerClient
 from .compaction.compactor import Compactor, NullCompactor
 from .compaction.planner import Planner
 from .compaction.windows import ContextWindows
@@ -78,6 +79,7 @@ from .tokenizer_data import ensure_tiktoken_offline, read_litellm_model_map
 from .upstream.forward import Forwarder
 from .upstream.http import Upstream
 from .upstream.litellm_route import LitellmRouter
+from .upstream.providers import Upstreams
 from .upstream.thinking import ThinkingBindings
 from .writes import WritePolicy
 
@@ -130,10 +132,7 @@ class Services:
     config: Config
     gate: Gate
     metrics: Metrics
-    upstream: Upstream
-    forwarder: Forwarder
-    anthropic: Upstream
-    anthropic_forwarder: Forwarder
+    upstreams: Upstreams  # by wire format: every call the proxy makes picks its upstream here
     router: LitellmRouter
     store: StoreBackend
     originals: Originals
@@ -158,9 +157,7 @@ class Services:
 
     def upstream_of(self, fmt: str) -> tuple[Upstream, Forwarder]:
         """The upstream a wire format goes to: Anthropic's for Messages, else the OpenAI one."""
-        if fmt == "messages":
-            return self.anthropic, self.anthropic_forwarder
-        return self.upstream, self.forwarder
+        return self.upstreams.of(fmt), self.upstreams.forwarder(fmt)
 
     @property
     def max_body(self) -> int:
@@ -196,8 +193,7 @@ class Services:
         if self.counters is not None:
             await self.counters.close()
         await self.telemetry.close()
-        await self.upstream.close()
-        await self.anthropic.close()
+        await self.upstreams.close()
         await asyncio.to_thread(self.store.close)
 
 
@@ -276,11 +272,11 @@ async def open_services(
     telemetry = open_telemetry(config.telemetry)
     storage = config.storage
     background = Background()
-    upstream = Upstream(config.upstream, forward_client_key=not gate.closed)
-    await upstream.start()
-    anthropic = Upstream(config.anthropic, forward_client_key=not gate.closed,
-                         key_header="x-api-key")
-    await anthropic.start()
+    upstreams = Upstreams(
+        Upstream(config.upstream, forward_client_key=not gate.closed),
+        Upstream(config.anthropic, forward_client_key=not gate.closed, key_header="x-api-key"),
+    )
+    await upstreams.start()
     router = LitellmRouter(
         [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
     )
@@ -289,7 +285,7 @@ async def open_services(
     try:
         store = await asyncio.to_thread(open_backend, storage, digest_cache_bytes=cache // 5)
     except BaseException:
-        await upstream.close()
+        await upstreams.close()
         await telemetry.close()
         raise
     originals = store.originals
@@ -317,11 +313,8 @@ async def open_services(
     sessions: SessionIndex = _NoSessions()
     compactor: Compactor | NullCompactor = NullCompactor()
     counters: SessionCounters | None = None
-    summarizer = SummarizerClient(
-        upstream, router, model=config.compaction.model,
-        timeout_s=config.compaction.summarizer_timeout_s,
-        anthropic=anthropic, anthropic_model=config.anthropic.summarizer_model,
-    )
+    summarizer = _own_calls(config, upstreams, router, capabilities, metrics,
+                            model=config.compaction.model, kind="summarizer")
     read_tool = config.retrieval.tool_name if config.retrieval.mode == "proxy" else None
     memory: Memory | NullMemory = NullMemory(store.memory)
     if store.dialog is not None and store.summaries is not None and store.sessions is not None:
@@ -330,8 +323,10 @@ async def open_services(
         archive = Archive(store.dialog, counters, background, metrics)
         summaries, sessions = store.summaries, store.sessions
         if store.memory is not None:
-            memory = _memory(config, store.memory, upstream, router, background, read_tool,
-                             calls)
+            folder = _own_calls(config, upstreams, router, capabilities, metrics,
+                                model=config.memory.model or config.compaction.model,
+                                kind="memory_fold")
+            memory = _memory(config, store.memory, folder, background, read_tool, calls)
         if config.compaction.enabled:
             compactor = Compactor(config.compaction, summaries=summaries, archive=store.dialog,
                                   client=summarizer, windows=windows, shared=store.shared,
@@ -358,9 +353,9 @@ async def open_services(
     if config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0:
         tool = ReadTool(config, originals, store.files, memory.store)
         rounds = config.retrieval.max_rounds
-        readers = {"chat": Reader(upstream, tool, rounds),
-                   "responses": ResponsesReader(upstream, tool, rounds),
-                   "messages": MessagesReader(anthropic, tool, rounds)}
+        readers = {"chat": Reader(upstreams.of("chat"), tool, rounds),
+                   "responses": ResponsesReader(upstreams.of("responses"), tool, rounds),
+                   "messages": MessagesReader(upstreams.of("messages"), tool, rounds)}
     _live_metrics(metrics, summarizer, compactor, store)
     _memory_metrics(metrics, memory)
     # The encoding (~0.4 s) and the window map load before the port accepts requests: building
@@ -369,9 +364,8 @@ async def open_services(
     await asyncio.to_thread(_warm, counter, windows, prices, capabilities)
 
     services = Services(
-        config=config, gate=gate, metrics=metrics, upstream=upstream,
-        forwarder=Forwarder(upstream), anthropic=anthropic,
-        anthropic_forwarder=Forwarder(anthropic), router=router, store=store,
+        config=config, gate=gate, metrics=metrics, upstreams=upstreams, router=router,
+        store=store,
         originals=originals, files=store.files, archive=archive, summaries=summaries,
         sessions=sessions, compactor=compactor, memory=memory, pipeline=pipeline,
         readers=readers, thinking=ThinkingBindings(store.sessions, metrics, background),
@@ -399,9 +393,25 @@ def _live_metrics(
                  lambda: compactor.precompactions)
 
 
+def _own_calls(
+    config: Config, upstreams: Upstreams, router: LitellmRouter, capabilities: Capabilities,
+    metrics: Metrics, *, model: str | None, kind: CallKind,
+) -> SummarizerClient:
+    """The client of the proxy's own model calls of one kind (the summarizer, the fold)."""
+    def failed(call: CallKind, status: int) -> None:
+        metrics.summarizer_errors.labels(call, str(status)).inc()
+
+    return SummarizerClient(
+        upstreams, router, capabilities, model=model,
+        timeout_s=config.compaction.summarizer_timeout_s,
+        anthropic_model=config.anthropic.summarizer_model,
+        temperature=config.compaction.temperature, kind=kind, on_failure=failed,
+    )
+
+
 def _memory(
-    config: Config, store: MemoryStore, upstream: Upstream, router: LitellmRouter,
-    background: Background, read_tool: str | None, calls: CallSink | None = None,
+    config: Config, store: MemoryStore, folder: SummarizerClient, background: Background,
+    read_tool: str | None, calls: CallSink | None = None,
 ) -> Memory | NullMemory:
     """Long-term memory: on only with compaction (its facts come from the summarizer call);
     off, its store still serves /files what an earlier run kept."""
@@ -410,10 +420,6 @@ def _memory(
             log.warning("memory.enabled needs compaction.enabled (facts come from the "
                         "compaction's summarizer call): long-term memory is off")
         return NullMemory(store)
-    folder = SummarizerClient(
-        upstream, router, model=config.memory.model or config.compaction.model,
-        timeout_s=config.compaction.summarizer_timeout_s,
-    )
     return Memory(config.memory, store, folder, background, read_tool=read_tool, calls=calls)
 
 

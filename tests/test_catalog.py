@@ -61,3 +61,18 @@ def test_the_config_section_builds_the_catalogue() -> None:
     caps = capabilities_of(config)
     assert not caps.sampling_params("claude-x")
     assert caps.of("claude-x").source.startswith("config:claude-x")
+
+
+def test_openais_reasoning_models_take_no_sampling_parameters(tmp_path: Path) -> None:
+    """What litellm's map leaves out: GPT-5 family (but gpt-5-chat) and o-series accept only the
+    default temperature; the map and the config still win where they say something."""
+    caps = _caps(tmp_path)
+    for model in ("gpt-5", "gpt-5.2", "openai/gpt-5-mini", "gpt-5-codex", "o1", "o3-pro",
+                  "o4-mini"):
+        assert not caps.sampling_params(model), model
+    for model in ("gpt-5-chat-latest", "gpt-4o", "gpt-4.1", "claude-sonnet-4-5"):
+        assert caps.sampling_params(model), model
+    assert caps.of("gpt-5.2").source.startswith("builtin:gpt-5*")
+    assert not caps.chat_completions("gpt-5-codex")  # the map's fact next to the built-in one
+    configured = _caps(tmp_path, {"gpt-5.2": ModelFacts(sampling_params=True)})
+    assert configured.sampling_params("gpt-5.2")

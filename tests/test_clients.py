@@ -27,6 +27,7 @@ from proxy.compaction.prompt import SYSTEM_PROMPT as SUMMARIZER_PROMPT  # noqa: 
 from proxy.pipeline.notice import split_notice  # noqa: E402
 from proxy.testing.fake_replies import stream_events  # noqa: E402
 from proxy.testing.fake_upstream import FakeUpstream, Received, Reply  # noqa: E402
+from proxy.testing.own_calls import instructions_of  # noqa: E402
 from proxy.testing.servers import ServerThread  # noqa: E402
 
 from .conftest import ProxyFactory  # noqa: E402
@@ -84,8 +85,8 @@ def chat_calls(fake: FakeUpstream) -> list[Received]:
 
 
 def is_summarizer(body: dict[str, Any]) -> bool:
-    first = body["messages"][0] if body.get("messages") else {}
-    return first.get("role") == "system" and first.get("content") == SUMMARIZER_PROMPT
+    """The proxy's summarizer call, in the format of the session it summarizes."""
+    return instructions_of(body) == SUMMARIZER_PROMPT
 
 
 def model_calls(fake: FakeUpstream) -> list[dict[str, Any]]:
@@ -521,9 +522,11 @@ def test_agents_default_responses_model_offloads_and_compacts(
     result, headers = run_log_agent(srv.url, "OpenAIResponsesModel")
     assert result.final_output == AGENT_FINAL
     assert sorted(OUTPUTS) == list(range(AGENT_TOOL_TURNS))
-    calls = [r.json() for r in fake.received if r.path.endswith("/responses")]
+    calls = [r.json() for r in fake.received if r.path.endswith("/responses")
+             and not is_summarizer(r.json())]
     assert len(calls) == len(headers) == AGENT_TOOL_TURNS + 1
-    assert script.summaries >= 1
+    # A Responses session is summarized through the Responses API (none went to chat).
+    assert script.summaries >= 1 and not chat_calls(fake)
     for i, body in enumerate(calls):
         items = body["input"]
         assert responses_pairs_problems(items) == [], i

@@ -17,6 +17,7 @@ from proxy.formats import json
 from proxy.pipeline.notice import parse_notice
 from proxy.testing.codex import Recording, ShellScript, codex_binary, run_codex, write_codex_home
 from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.own_calls import own_call
 from proxy.testing.servers import serve_in_thread
 
 from .conftest import proxy_config
@@ -60,9 +61,11 @@ def test_codex_session_is_offloaded_aged_and_compacted(
     assert app.websocket_attempts == 1
     assert "Reconnecting" not in done.stderr
 
-    forwarded = [r.json() for r in fake.received if r.path.endswith("/responses")]
+    forwarded = [r.json() for r in fake.received if r.path.endswith("/responses")
+                 and own_call(r.json()) is None]
     assert len(app.turns) == len(forwarded) == len(COMMANDS) + 1
-    assert script.summaries >= 1
+    # Summarized through the Responses API (gpt-5.x-codex is not on chat completions).
+    assert script.summaries >= 1 and not [r for r in fake.received if "chat" in r.path]
     budget = int(0.75 * WINDOW)
     for turn, sent in zip(app.turns, forwarded, strict=True):
         assert pairs_problems(sent["input"]) == []
@@ -105,7 +108,7 @@ def test_codexs_next_request_gets_the_proxys_read_round_back(
     steps: list[str] = []
 
     def model(body: dict[str, Any]) -> Reply:
-        if "input" not in body:
+        if own_call(body) is not None:
             return Reply(content=SUMMARY)
         last = body["input"][-1]
         offered = any(t.get("name") == "read_offloaded" for t in body.get("tools") or [])
@@ -134,7 +137,8 @@ def test_codexs_next_request_gets_the_proxys_read_round_back(
         srv.drain()
     assert done.returncode == 0, done.stderr[-2000:]
     assert steps == ["seq", "read", "answer", "final"]
-    raw = [r.body for r in fake.received if r.path.endswith("/responses")]
+    raw = [r.body for r in fake.received if r.path.endswith("/responses")
+           and own_call(r.json()) is None]
     items = [[bytes(i) for i in json.array_items(json.members(b)["input"])] for b in raw]
     # The loop's own second round (its input ends with the proxy's read result), the round
     # before it, and Codex's next request holding the answer (found by content: Codex may

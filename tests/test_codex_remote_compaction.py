@@ -23,6 +23,7 @@ from proxy.testing.codex import (
     write_codex_home,
 )
 from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.own_calls import own_call
 from proxy.testing.servers import serve_in_thread
 
 from .conftest import proxy_config
@@ -61,7 +62,8 @@ def test_codex_remote_compaction_goes_through_untouched(
     assert script.final in done.stdout
     assert "Error running remote compact task" not in done.stderr + done.stdout
 
-    forwarded = [r for r in fake.received if r.path.endswith("/responses")]
+    forwarded = [r for r in fake.received if r.path.endswith("/responses")
+                 and own_call(r.json()) is None]
     assert len(app.turns) == len(forwarded)
     assert provider.triggers == 1 and len(provider.blobs) == 1
     triggered = [k for k, t in enumerate(app.turns)

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from proxy.compaction.message import SUMMARY_HEADING
 from proxy.formats.messages import strip_cache_control
 from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.own_calls import own_call
 from proxy.testing.servers import ServerThread
 
 from .conftest import ProxyFactory
@@ -111,10 +112,8 @@ def body(fmt: str, history: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def is_summarizer(req: dict[str, Any]) -> bool:
-    if req.get("tools"):
-        return False
-    first = (req.get("messages") or [{}])[0]
-    return "summar" in (str(req.get("system", "")) + str(first.get("content", ""))).lower()
+    """The proxy's summarizer call, in the session's own format."""
+    return own_call(req) == "summarizer"
 
 
 

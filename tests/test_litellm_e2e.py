@@ -6,11 +6,13 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import openai
+import orjson
 import pytest
 import respx
 
 from proxy.formats.chat import ChatFormat, ChatTap
 from proxy.ledger.usage import Usage, parse_usage
+from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.servers import ServerThread
 
 from .conftest import ProxyFactory
@@ -118,3 +120,64 @@ def test_provider_error_is_enveloped(routed: ServerThread, anthropic: respx.Mock
 def test_other_models_still_go_upstream(routed: ServerThread) -> None:
     r = sdk(routed).chat.completions.create(model="gpt-4o", messages=MSGS)  # type: ignore[arg-type]
     assert r.choices[0].message.content == "ok"
+
+
+# --- the summarizer through a route -------------------------------------------------------------
+
+SUMMARY = """## Goal
+Say hello.
+## Constraints & Preferences
+- be terse
+## Progress
+### Done
+- said hello
+### In Progress
+- nothing
+### Blocked
+- nothing
+## Key Decisions
+- none
+## Next Steps
+- wait
+## Critical Context
+- none
+"""
+
+
+def long_chat() -> list[dict[str, str]]:
+    out = [{"role": "system", "content": "You are terse."}]
+    for t in range(30):
+        out += [{"role": "user", "content": f"request {t}: " + "please do the thing " * 15},
+                {"role": "assistant", "content": f"answer {t}: " + "done with it " * 20}]
+    return out
+
+
+@pytest.mark.parametrize(("target", "temperature", "sent"), [
+    ("anthropic/claude-sonnet-5", 0.0, None),  # the catalogue: no sampling parameters
+    ("anthropic/claude-3-5-sonnet-20241022", None, None),  # none configured: none sent
+    ("anthropic/claude-3-5-sonnet-20241022", 0.2, 0.2),
+])
+def test_a_routed_summarizer_sends_only_the_sampling_the_model_takes(
+    make_proxy: ProxyFactory, fake: FakeUpstream, anthropic: respx.MockRouter, target: str,
+    temperature: float | None, sent: float | None,
+) -> None:
+    """compaction.model naming a route: the summary comes through litellm (with the route's
+    key), and carries a temperature only where one is configured and the model takes it."""
+    route = anthropic.post("https://api.anthropic.com/v1/messages").mock(
+        return_value=httpx.Response(200, json={**ANSWER, "content": [
+            {"type": "text", "text": SUMMARY}]}))
+    srv = make_proxy({
+        "model_list": [{"model_name": "summ",
+                        "litellm_params": {"model": target, "api_key": "sk-ant-route"}}],
+        "compaction": {"model": "summ", "temperature": temperature,
+                       "context_windows": {"gpt-4o": 4000}},
+    })
+    raw = sdk(srv).chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=long_chat())  # type: ignore[arg-type]
+    assert raw.headers["x-ctxproxy-compacted"] == "1"
+    (call,) = route.calls
+    body = orjson.loads(call.request.content)
+    assert call.request.headers["x-api-key"] == "sk-ant-route"
+    assert body.get("temperature") == sent and "top_p" not in body and "top_k" not in body
+    assert "sk-test" not in str(call.request.headers)  # the client's key stays with OpenAI
+    assert b"- said hello" in fake.received[-1].body  # the model's summary, not the fallback

@@ -35,6 +35,7 @@ from proxy.store.memory import MemoryFiles
 from proxy.store.tool_results import ToolResultStore
 from proxy.store.usage import DiskUsage
 from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.own_calls import instructions_of, last_text, own_call
 from proxy.testing.servers import ServerThread
 
 from .conftest import ProxyFactory
@@ -73,20 +74,18 @@ KEY_A, KEY_B = "sk-mem-alpha-1c", "sk-mem-bravo-2d"
 
 
 def is_fold(body: dict[str, Any]) -> bool:
-    first = body["messages"][0].get("content") or ""
-    return isinstance(first, str) and first.startswith("You maintain MEMORY.md")
+    """The proxy's fold call, in any format (a session's fold goes in its own)."""
+    return own_call(body) == "fold"
 
 
 def is_summarizer(body: dict[str, Any]) -> bool:
-    first = body["messages"][0].get("content") or ""
-    return (isinstance(first, str) and not first.startswith(SYSTEM) and not is_fold(body)
-            and "summar" in first.lower())
+    return own_call(body) == "summarizer"
 
 
 def fold_answer(body: dict[str, Any]) -> str:
     """MEMORY.md made of the note bullets the fold was sent (so the facts must have gone
     through the daily notes to get there)."""
-    user = body["messages"][-1]["content"]
+    user = last_text(body)
     notes = user.split("<notes>", 1)[1].split("</notes>", 1)[0]
     bullets = [line for line in notes.split("\n") if line.startswith("- [")]
     prefs = [b for b in bullets if "Preference:" in b]
@@ -108,14 +107,12 @@ class Script:
         fake.responder = self
 
     def __call__(self, body: dict[str, Any]) -> Reply:
-        if "messages" not in body:  # a Responses request: the model
-            return Reply(content="ok")
         if is_fold(body):
             self.folds += 1
             return self.fold or Reply(content=fold_answer(body))
         if is_summarizer(body):
             self.summaries += 1
-            self.summarizer_prompts.append(body["messages"][0]["content"])
+            self.summarizer_prompts.append(instructions_of(body))
             return Reply(content=SUMMARY + (self.facts or ""))
         return Reply(content="ok")
 
@@ -273,7 +270,8 @@ def test_responses_request_carries_memory_as_a_developer_item(
     r = httpx.post(srv.url + "/v1/responses", content=orjson.dumps(body), timeout=30,
                    headers={"authorization": f"Bearer {KEY}", "x-session-id": "r1"})
     assert r.status_code == 200, r.text
-    sent = next(x.json() for x in reversed(fake.received) if x.path.endswith("/responses"))
+    sent = next(x.json() for x in reversed(fake.received) if x.path.endswith("/responses")
+                and own_call(x.json()) is None)
     assert sent["instructions"] == SYSTEM
     first, rest = sent["input"][0], sent["input"][1:]
     assert first["role"] == "developer" and PREF_1 in first["content"][0]["text"]

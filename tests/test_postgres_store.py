@@ -197,6 +197,39 @@ def test_first_writer_wins_across_replicas(backend: PostgresBackend) -> None:
     assert s.markdown(T, S, first.md_name) is not None
 
 
+def test_a_fallback_keeps_its_reason(backend: PostgresBackend) -> None:
+    chains = chain_hashes(history(20))
+    why = "summarizer HTTP 400: Unsupported value: 'temperature' (code=unsupported_value)"
+    fallback = summary(chains, 8, source="fallback", model=None, error=why)
+    assert backend.summaries.put(fallback) == fallback
+    assert backend.summaries.get(T, S, fallback.chain) == fallback
+    md = backend.summaries.markdown(T, S, fallback.md_name)
+    assert md is not None and f"the summarizer failed: {why}".encode() in md
+
+
+def test_a_database_from_before_the_fallback_reasons_upgrades(pg_url: str) -> None:
+    """Schema 5 had no summaries.error: its rows are kept, their reason unknown (NULL)."""
+    chains = chain_hashes(history(20))
+    from proxy.store.postgres.schema import MIGRATIONS
+    before = next(i for i, step in enumerate(MIGRATIONS)
+                  if any("summaries ADD COLUMN error" in s for s in step))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        upgrade(conn, target=before)
+        conn.execute("INSERT INTO summaries (tenant, session, chain, v, head, upto, text, "
+                     "source, created_at, tokens_before, tokens_after, span, seen) VALUES "
+                     "(%s, %s, %s, 1, 1, 8, '## Goal', 'fallback', now(), 1, 0, '[]', 8)",
+                     (T, S, chains[7]))
+        assert upgrade(conn)[0] == before + 1
+    pool = PgPool(pg_url)
+    pool.open()
+    try:
+        from proxy.store.postgres.summaries import PgSummaries
+        got = PgSummaries(pool, owner="r").get(T, S, chains[7])
+        assert got is not None and got.source == "fallback" and got.error is None
+    finally:
+        pool.close()
+
+
 def test_claims_one_holder_and_expiry(backend: PostgresBackend, pg_url: str,
                                       tmp_path: Path) -> None:
     from proxy.store.postgres.summaries import PgSummaries

@@ -23,6 +23,7 @@ from proxy.pipeline.notice import parse_notice, split_notice
 from proxy.pipeline.validate import PLACEHOLDER
 from proxy.store.dialog import read
 from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.own_calls import own_call
 from proxy.testing.servers import ServerThread
 
 from .conftest import ProxyFactory, examples
@@ -98,8 +99,7 @@ def post(srv: ServerThread, payload: Any, key: str = "sk-resp", **headers: str) 
 
 def summarizing(fake: FakeUpstream) -> None:
     def responder(req: dict[str, Any]) -> Reply:
-        first = req.get("messages", [{}])[0]
-        if isinstance(first, dict) and "summar" in str(first.get("content", "")).lower():
+        if own_call(req) == "summarizer":
             return Reply(content=SUMMARY)
         return Reply(content="ok")
 
@@ -243,6 +243,10 @@ def test_compaction_puts_a_developer_summary_after_the_leading_items(
     summary = out[2]
     assert summary["role"] == "developer" and summary["type"] == "message"
     assert summary["content"][0]["text"].startswith(SUMMARY_HEADING)
+    # The model's summary (not the fallback), asked through the Responses API.
+    assert "fix the rounding helper first" in summary["content"][0]["text"]
+    asked = [r for r in fake.received if own_call(r.json()) == "summarizer"]
+    assert [r.path for r in asked] == ["/v1/responses"]
     kept = out[3:]
     assert kept == items[len(items) - len(kept):]  # a suffix of the client's items, untouched
     # The kept suffix never separates a call from its output, nor a reasoning item from its call.

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from proxy.store.db import Database
+from proxy.store.db import MIGRATIONS, SCHEMA_VERSION, Database
 from proxy.store.dialog import DialogArchive, FileSpan, chain_hashes
 from proxy.store.paths import InvalidName, summaries_dir
 from proxy.store.summaries import SummaryRecord, SummaryStore
@@ -64,6 +65,42 @@ def test_put_get_roundtrip_and_markdown(store: SummaryStore, data_dir: Path) -> 
     assert [p.name for p in md.parent.iterdir()] == [md.name]  # no temp file left
     assert store.get(T, "other-session", r.chain) is None
     assert store.get("t-other", S, r.chain) is None
+
+
+def test_a_fallback_keeps_its_reason(store: SummaryStore, data_dir: Path) -> None:
+    chains = chain_hashes(history(20))
+    why = "summarizer HTTP 400: Unsupported value: 'temperature' (code=unsupported_value)"
+    r = rec(chains, 11, source="fallback", model=None, error=why)
+    assert store.put(r) == r
+    assert store.get(T, S, r.chain) == r
+    md = (summaries_dir(data_dir, T, S) / r.md_name).read_text()
+    assert f"- source: fallback, the summarizer failed: {why}" in md
+    # A model summary has no reason, and replaces the fallback.
+    better = rec(chains, 11, text="## Goal\nthe model's\n")
+    assert store.put(better) == better and store.get(T, S, r.chain) == better
+    assert better.error is None
+
+
+def test_a_database_from_before_the_fallback_reasons_upgrades(tmp_path: Path) -> None:
+    """The files backend's schema without summaries.error: its rows are kept, their reason
+    unknown (None)."""
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    before = next(i for i, step in enumerate(MIGRATIONS)
+                  if any("summaries ADD COLUMN error" in s for s in step))
+    for statement in (s for step in MIGRATIONS[:before] for s in step):
+        conn.execute(statement)
+    conn.execute(f"PRAGMA user_version={before}")
+    chains = chain_hashes(history(20))
+    conn.execute("INSERT INTO summaries (tenant, session, chain, v, head, upto, text, source, "
+                 "created_at, tokens_before, tokens_after, span, seen) VALUES "
+                 "(?, ?, ?, 1, 1, 8, '## Goal', 'fallback', '2026-12-02T10:00:00.000+00:00', "
+                 "1, 0, '[]', 8)", (T, S, chains[7]))
+    conn.close()
+    with Database(path) as db:
+        assert db.schema_version == SCHEMA_VERSION
+        got = SummaryStore(db, tmp_path).get(T, S, chains[7])
+        assert got is not None and got.source == "fallback" and got.error is None
 
 
 def test_find_latest_returns_newest_matching(store: SummaryStore) -> None:

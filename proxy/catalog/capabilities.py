@@ -10,7 +10,12 @@ Sources, in priority order (as for context windows and prices):
 2. the model map shipped inside litellm, read as plain data: ``supports_sampling_params``, and
    ``mode`` / ``supported_endpoints`` (a model listed with endpoints but not
    ``/v1/chat/completions``, or of ``mode: responses``, is served by the Responses API alone);
-3. the default: sampling parameters accepted, chat completions served.
+3. :data:`BUILTIN`, what the map does not say but the providers document, matched like the
+   config's entries: OpenAI's reasoning models (GPT-5 family, o-series) take only the default
+   temperature (400 "Unsupported value: 'temperature' does not support 0 with this model. Only
+   the default (1) value is supported."; litellm enforces it in code, not in its map:
+   github.com/BerriAI/litellm/issues/13781), ``gpt-5-chat*`` (not a reasoning model) any;
+4. the default: sampling parameters accepted, chat completions served.
 
 Why each fact matters to the proxy:
 
@@ -34,7 +39,7 @@ import orjson
 from ..compaction.windows import PROVIDER_PREFIXES, fallback_variants, name_variants
 from ..tokenizer_data import litellm_model_map_path
 
-__all__ = ["Capabilities", "ModelFacts"]
+__all__ = ["BUILTIN", "Capabilities", "ModelFacts"]
 
 _RESOLVED_LIMIT: Final = 4_096
 
@@ -59,6 +64,42 @@ class ModelFacts:
 
 
 _DEFAULT: Final = ModelFacts(sampling_params=True, chat_completions=True, source="default")
+
+
+#: What the providers document and litellm's map leaves out (see the module docstring).
+BUILTIN: Final[Mapping[str, ModelFacts]] = {
+    "gpt-5*": ModelFacts(sampling_params=False),
+    "gpt-5-chat*": ModelFacts(sampling_params=True),
+    "o1*": ModelFacts(sampling_params=False),
+    "o3*": ModelFacts(sampling_params=False),
+    "o4*": ModelFacts(sampling_params=False),
+}
+
+
+class _Patterns:
+    """Entries by exact name or glob: exact names first, then longer globs before shorter."""
+
+    def __init__(self, entries: Mapping[str, ModelFacts], source: str) -> None:
+        self.exact: dict[str, ModelFacts] = {}
+        globs: list[tuple[str, ModelFacts]] = []
+        for pattern, facts in entries.items():
+            key = pattern.strip().lower()
+            facts = replace(facts, source=f"{source}:{pattern}")
+            if any(c in key for c in "*?["):
+                globs.append((key, facts))
+            else:
+                self.exact[key] = facts
+        self.globs = sorted(globs, key=lambda g: -len(g[0].replace("*", "")))
+
+    def match(self, model: str) -> ModelFacts | None:
+        for name in name_variants(model):
+            if name in self.exact:
+                return self.exact[name]
+        for name in name_variants(model):
+            for pattern, facts in self.globs:
+                if fnmatch.fnmatchcase(name, pattern):
+                    return facts
+        return None
 
 
 def _flag(entry: Mapping[str, object], key: str) -> bool | None:
@@ -107,17 +148,8 @@ class Capabilities:
         map_path: Path | None = None,
         use_litellm_map: bool = True,
     ) -> None:
-        exact: dict[str, ModelFacts] = {}
-        globs: list[tuple[str, ModelFacts]] = []
-        for pattern, facts in (overrides or {}).items():
-            key = pattern.strip().lower()
-            facts = replace(facts, source=f"config:{pattern}")
-            if any(c in key for c in "*?["):
-                globs.append((key, facts))
-            else:
-                exact[key] = facts
-        self._exact = exact
-        self._globs = sorted(globs, key=lambda g: -len(g[0].replace("*", "")))
+        self._config = _Patterns(overrides or {}, "config")
+        self._builtin = _Patterns(BUILTIN, "builtin")
         self._map_path = map_path
         self._use_map = use_litellm_map
         self._map: dict[str, ModelFacts] | None = None
@@ -145,16 +177,6 @@ class Capabilities:
         assert self._map is not None
         return self._map
 
-    def _configured(self, model: str) -> ModelFacts | None:
-        for name in name_variants(model):
-            if name in self._exact:
-                return self._exact[name]
-        for name in name_variants(model):
-            for pattern, facts in self._globs:
-                if fnmatch.fnmatchcase(name, pattern):
-                    return facts
-        return None
-
     def _mapped(self, model: str) -> ModelFacts | None:
         table = self._table()
         variants = list(name_variants(model))
@@ -179,12 +201,10 @@ class Capabilities:
         if found is not None:
             return found
         facts = _DEFAULT
-        mapped = self._mapped(model)
-        if mapped is not None:
-            facts = mapped.over(facts)
-        configured = self._configured(model)
-        if configured is not None:
-            facts = configured.over(facts)
+        for source in (self._builtin.match(model), self._mapped(model),
+                       self._config.match(model)):
+            if source is not None:
+                facts = source.over(facts)
         if len(self._resolved) >= _RESOLVED_LIMIT:
             self._resolved.clear()  # model names come from clients: bounded
         self._resolved[model] = facts

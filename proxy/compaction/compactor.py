@@ -245,7 +245,7 @@ class Compactor:
             list(request.chains[plan.head : plan.cut]),
             self.client.completer(request.model, request.headers, api=request.api,
                                   on_call=self._on_call(request.identity)),
-            self.config.model or request.model,
+            self.client.route(request.model, request.api).model,
             tokens_before,
             # The verbatim user requests take at most ~5% of the window (~4 chars a token).
             max(1000, min(8000, 4 * self.windows.window(request.model) // 20)),
@@ -301,6 +301,7 @@ class Compactor:
             text=outcome.text,
             source=outcome.source,
             model=model if outcome.source == "model" else None,
+            error=outcome.error if outcome.source == "fallback" else None,
             created_at=datetime.now(UTC),
             tokens_before=tokens_before,
             tokens_after=0,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..config import GuardConfig
+from ..errors import SummarizerError
 from .facts import split_facts, with_facts
 from .fallback import fallback_body, fallback_summary
 from .guard import guard_block, strip_guard
@@ -157,6 +158,9 @@ async def summarize(
         try:
             async with asyncio.timeout(timeout):
                 answer = await complete(messages)
+        except SummarizerError as exc:  # the client's own account (status, provider message)
+            error = str(exc)
+            break
         except Exception as exc:
             error = f"summarizer call failed: {type(exc).__name__}: {exc}"
             break

@@ -155,8 +155,9 @@ class Memory:
         calls = self.calls
         on_call = (None if calls is None
                    else lambda call: calls.record_call(ident, call))
-        complete = self.client.completer(request.model, request.headers, on_call=on_call,
-                                         kind="memory_fold")
+        # The request's own format: its upstream and its credentials (never another provider's).
+        complete = self.client.completer(request.model, request.headers, api=request.api,
+                                         on_call=on_call)
         self.background.spawn(self._fold(key, complete, writes))
 
     async def _fold(self, key: ScopeKey, complete: Complete, writes: Writes | None) -> None:

@@ -256,6 +256,11 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (tenant, session, reason)
         ) WITHOUT ROWID""",
     ),
+    (
+        # Why a fallback summary is one (the summarizer's failure, redacted); NULL for a
+        # model's summary and for fallbacks made before this column.
+        "ALTER TABLE summaries ADD COLUMN error TEXT",
+    ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

@@ -61,6 +61,9 @@ class SummaryRecord:
     span: tuple[FileSpan, ...] = ()  # dialog lines of the replaced messages
     v: int = SUMMARY_VERSION
     seen: int = 0  # messages in the history when this compaction was made
+    # Why a fallback is one (the summarizer's failure, redacted: "summarizer HTTP 400: ...");
+    # None for a model summary. A fallback never passes for a model's summary.
+    error: str | None = None
 
     def __post_init__(self) -> None:
         check_name(self.tenant, "tenant")
@@ -99,7 +102,8 @@ def _markdown(rec: SummaryRecord) -> bytes:
         f"- session: `{rec.tenant}/{rec.session}`",
         f"- replaces messages {rec.head}..{rec.upto - 1} (chain `{rec.chain}`)",
         f"- merges: `{rec.previous_chain}`" if rec.previous_chain else "- merges: nothing",
-        f"- source: {rec.source}" + (f" (`{rec.model}`)" if rec.model else ""),
+        f"- source: {rec.source}" + (f" (`{rec.model}`)" if rec.model else "")
+        + (f", the summarizer failed: {rec.error}" if rec.error else ""),
         f"- created: {format_ts(rec.created_at)}",
         f"- tokens: {rec.tokens_before} -> {rec.tokens_after}",
         f"- dialog: {rec.pointer or 'n/a'}",
@@ -119,7 +123,7 @@ def markdown_size(rec: SummaryRecord) -> int:
 
 _COLUMNS: Final = (
     "tenant, session, chain, v, head, upto, previous_chain, text, source, model, created_at, "
-    "tokens_before, tokens_after, span, seen"
+    "tokens_before, tokens_after, span, seen, error"
 )
 _MARKS: Final = ", ".join(["?"] * len(_COLUMNS.split(",")))
 
@@ -141,6 +145,7 @@ def _row(rec: SummaryRecord) -> tuple[object, ...]:
         rec.tokens_after,
         orjson.dumps([list(s) for s in rec.span]).decode(),
         rec.seen,
+        rec.error,
     )
 
 
@@ -162,6 +167,7 @@ def _record(row: sqlite3.Row) -> SummaryRecord:
         span=tuple(FileSpan(str(f), int(a), int(b)) for f, a, b in orjson.loads(row["span"])),
         v=row["v"],
         seen=row["seen"],
+        error=row["error"],
     )
 
 

@@ -22,6 +22,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from .fake_upstream import Reply
+from .own_calls import own_call
 from .servers import ASGIApp
 
 __all__ = ["Recording", "RemoteCompaction", "ShellScript", "Turn", "codex_binary", "next_step",
@@ -46,7 +47,8 @@ def codex_binary() -> Path | None:
 class ShellScript:
     """A model that asks for ``commands`` in order through Codex's ``exec_command`` tool, then
     says ``final``. The next command follows the newest output's call id, so a compaction that
-    drops old turns cannot confuse it. Chat-completions calls are the proxy's summarizer."""
+    drops old turns cannot confuse it. The proxy's summarizer calls (in Responses format, as
+    the session's) get ``summary``."""
 
     commands: Sequence[str]
     summary: str
@@ -54,7 +56,7 @@ class ShellScript:
     summaries: int = 0
 
     def __call__(self, body: dict[str, Any]) -> Reply:
-        if "input" not in body:
+        if own_call(body) is not None or "input" not in body:
             self.summaries += 1
             return Reply(content=self.summary)
         step = next_step(body["input"])
@@ -97,7 +99,7 @@ class RemoteCompaction:
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         items = body.get("input")
-        if not isinstance(items, list):
+        if not isinstance(items, list) or own_call(body) is not None:
             return self.script(body)  # the proxy's summarizer
         if items and isinstance(items[-1], dict) and items[-1].get("type") == "compaction_trigger":
             self.triggers += 1

@@ -57,6 +57,7 @@ from .claude_code import MODEL as CLAUDE_MODEL
 from .claude_code import summarizer_request
 from .codex import Recording, run_codex, write_codex_home
 from .fake_upstream import FakeUpstream, Reply
+from .own_calls import own_call
 from .servers import serve_in_thread
 
 __all__ = [
@@ -473,7 +474,7 @@ class PlanModel:
             if summarizer_request(body) or not body.get("tools"):
                 self.summaries += summarizer_request(body)
                 return Reply(content=SUMMARY if summarizer_request(body) else "ok")
-        elif "input" not in body:
+        elif own_call(body) is not None:
             self.summaries += 1
             return Reply(content=SUMMARY)
         calls = tool_calls(body)
@@ -844,7 +845,9 @@ def _main_requests(fake: FakeUpstream, start: int, client: Client) -> list[dict[
             if body.get("tools") and not summarizer_request(body):
                 out.append(body)
         elif client == "codex" and rec.path.endswith("/responses"):
-            out.append(rec.json())
+            body = rec.json()
+            if own_call(body) is None:
+                out.append(body)
     return out
 
 

@@ -20,6 +20,7 @@ from ..compaction.prompt import SECTIONS, SYSTEM_PROMPT
 from ..pipeline.notice import parse_notice
 from ..pipeline.truncate import read_chunk
 from .fake_upstream import FakeUpstream, Reply
+from .own_calls import instructions_of
 
 __all__ = ["FINAL", "MODEL", "RECENT_MAX", "TOOLS", "WINDOW", "Agent", "Model", "forwarded",
            "output"]
@@ -67,7 +68,7 @@ class Model:
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         msgs: list[dict[str, Any]] = body.get("messages") or []
-        if msgs and msgs[0].get("content") == SYSTEM_PROMPT:
+        if instructions_of(body) == SYSTEM_PROMPT:
             with self.lock:
                 self.summaries += 1
             return Reply(content=SUMMARY)

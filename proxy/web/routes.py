@@ -297,6 +297,7 @@ def _session(rt: Services, tenant: str, session: str, ask: Ask) -> dict[str, Any
             "created_at": format_ts(rec.created_at),
             "source": rec.source,
             "model": rec.model,
+            "error": rec.error,  # why a fallback is one (None for a model's summary)
             "head": rec.head,
             "upto": rec.upto,
             "tokens_before": rec.tokens_before,

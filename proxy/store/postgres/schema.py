@@ -33,6 +33,8 @@ Tables, one per kind (the module that owns it in brackets; the version that adde
   ledger           the cost ledger: one row per billed call                     [ledger]
   ledger_sessions  its totals per session, kept in step with the rows           [ledger]
   ledger_breaks    its cache breaks per session and reason                      [ledger]
+  -- version 6
+  summaries.error  why a fallback summary is one (the summarizer's failure)     [summaries]
 """
 
 from __future__ import annotations
@@ -272,6 +274,9 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             n       BIGINT NOT NULL,
             PRIMARY KEY (tenant, session, reason)
         )""",
+    ),
+    (  # 6: why a fallback summary is one (the summarizer's failure, redacted)
+        "ALTER TABLE summaries ADD COLUMN error TEXT",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -31,25 +31,26 @@ __all__ = ["PgSummaries"]
 log = logging.getLogger("proxy.store")
 
 _COLUMNS: Final = ("tenant, session, chain, v, head, upto, previous_chain, text, source, model, "
-                   "created_at, tokens_before, tokens_after, span, seen")
+                   "created_at, tokens_before, tokens_after, span, seen, error")
 _MARKS: Final = ", ".join(["%s"] * len(_COLUMNS.split(",")))
 
 
 def _row(rec: SummaryRecord) -> tuple[object, ...]:
     return (rec.tenant, rec.session, rec.chain, rec.v, rec.head, rec.upto, rec.previous_chain,
             rec.text, rec.source, rec.model, rec.created_at, rec.tokens_before,
-            rec.tokens_after, orjson.dumps([list(s) for s in rec.span]).decode(), rec.seen)
+            rec.tokens_after, orjson.dumps([list(s) for s in rec.span]).decode(), rec.seen,
+            rec.error)
 
 
 def _record(row: Sequence[Any]) -> SummaryRecord:
     (tenant, session, chain, v, head, upto, previous, text, source, model, created,
-     before, after, span, seen) = row
+     before, after, span, seen, error) = row
     return SummaryRecord(
         tenant=tenant, session=session, chain=chain, head=head, upto=upto, text=text,
         source="model" if source == "model" else "fallback", model=model, created_at=created,
         tokens_before=before, tokens_after=after, previous_chain=previous,
         span=tuple(FileSpan(str(f), int(a), int(b)) for f, a, b in orjson.loads(span)),
-        v=v, seen=seen,
+        v=v, seen=seen, error=error,
     )
 
 
