@@ -592,8 +592,8 @@ def test_ten_thousand_generated_requests(rig: Rig, capsys: pytest.CaptureFixture
 
 def _nested(levels: int) -> bytes:
     """A body whose nesting is ``levels`` deep in all (the body object is level 1)."""
-    inner = levels - 3  # body > messages > message, then the content arrays
-    return (b'{"model": "m", "messages": [{"role": "user", "content": ' + b"[" * inner
+    inner = levels - 3  # body > messages > message, then arrays in a field no one reads
+    return (b'{"model": "m", "messages": [{"role": "user", "content": "x", "x": ' + b"[" * inner
             + b"]" * inner + b"}]}")
 
 

@@ -226,17 +226,18 @@ def test_a_missing_result_gets_a_placeholder_in_the_next_user_message(
 def test_bad_input_gets_a_400(proxy: ServerThread, fake: FakeUpstream) -> None:
     for payload, param in [({"model": MODEL}, "messages"),
                            ({"model": MODEL, "messages": [{"role": "user", "content": 3}]},
-                            "messages[0].content"),
+                            "messages.0.content"),
                            ({"model": MODEL, "messages": [], "system": 5}, "system")]:
         r = post(proxy, payload)
-        assert r.status_code == 400 and f"'{param}'" in r.json()["error"]["message"]
+        # Worded as Anthropic's API words it: the field's dotted path first.
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith(f"{param}: ")
         # Anthropic's envelope: what Claude Code and the anthropic SDK read.
         assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     assert post(proxy, b"{nope").status_code == 400
     client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-bad", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model=MODEL, max_tokens=10, messages="nope")  # type: ignore[arg-type]
-    assert "'messages'" in err.value.message
+    assert "messages: Input should be a valid list" in err.value.message
     assert not fake.received
 
 
