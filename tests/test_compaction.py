@@ -11,7 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from proxy.pipeline.validate import is_valid
+from proxy.pipeline.model import Message, RequestView, StageOutcome
+from proxy.pipeline.validate import ValidateStage, is_valid
 from proxy.store.dialog import read
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.inprocess import InProcess
@@ -259,12 +260,45 @@ async def test_newest_turn_over_budget_is_recut_not_refused(
     assert int(r.headers["x-ctxproxy-tokens-out"]) <= 3000
 
 
-async def test_validator_repairs_orphans(inproc: InProcess, fake: FakeUpstream) -> None:
+async def test_the_clients_own_pairing_is_forwarded_as_sent(
+    inproc: InProcess, fake: FakeUpstream
+) -> None:
+    """An orphan result and an unanswered call the client sent are the provider's to judge:
+    nothing dropped, no placeholder, the client's very bytes."""
     msgs = [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "nope", "content": "x"},
             {"role": "assistant", "content": None, "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}]
-    assert (await post(inproc, msgs)).status_code == 200
-    assert is_valid(fake.received[-1].json()["messages"])
+    fake.strict = False  # the provider refuses this request: here it is what it receives
+    raw = orjson.dumps({"model": "gpt-4o", "messages": msgs})
+    r = await inproc.client.post("/v1/chat/completions", content=raw)
+    assert r.status_code == 200
+    assert fake.received[-1].body == raw and not is_valid(msgs)
+
+
+class _EvictFirstCall:
+    """A stage of the proxy's own that evicts the first assistant turn with calls (as a bad
+    compaction would), orphaning its results."""
+
+    name = "evict"
+
+    def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
+        first = next(i for i, m in enumerate(messages) if m.get("tool_calls"))
+        return StageOutcome([*messages[:first], *messages[first + 1:]], True, {})
+
+
+async def test_only_what_the_proxy_broke_is_repaired(
+    make_inproc: InProcessFactory, fake: FakeUpstream
+) -> None:
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}
+    mine = {"role": "tool", "tool_call_id": "c1", "content": "listing"}
+    theirs = {"role": "tool", "tool_call_id": "gone", "content": "the client's orphan"}
+    msgs = [{"role": "user", "content": "hi"}, call, mine, {"role": "user", "content": "and?"},
+            theirs]
+    fake.strict = False  # the client's orphan stays: the provider would refuse it
+    app = await make_inproc(stages=[_EvictFirstCall(), ValidateStage()])
+    assert (await post(app, msgs)).status_code == 200
+    assert fake.received[-1].json()["messages"] == [msgs[0], msgs[3], theirs]
 
 
 async def test_archive_one_line_per_distinct_message(

@@ -1,31 +1,35 @@
 """Generated hostile input against the proxy: never a proxy-made 5xx, never a crash, every error
-in OpenAI's envelope, every stream terminated.
+in its route's envelope (OpenAI's; Anthropic's for ``/v1/messages``), every stream terminated,
+nothing stored for a request refused.
 
-Two generators. Hypothesis drives JSON *values* (the proxy in process). A seeded
-``random.Random`` generates request *bytes* in volume against a real server (torn bodies and
-resets would show on the wire): wrong types, missing fields, huge strings, deep nesting (on both
-sides of the limits of the JSON parser and serializer), invalid UTF-8 and lone surrogates in
-``\\u`` escapes, unknown roles, tool messages without calls, calls without results, content part
-lists of every shape, forged truncation notices and summaries (which switch on the read-tool
-loop), odd headers. The fake model answers some read-tool rounds with hostile
-``read_offloaded`` arguments.
+The generators live in :mod:`proxy.testing.fuzz` (``bench/fuzz.py`` runs them too); the names
+this module always had (``Gen``, ``hostile_responder``, ``MAX_BODY_MB``, ...) are still
+importable from here.
 
-The default suite runs a few hundred requests of each; ``CTXPROXY_STRESS=1`` runs the
-10,000-request ``stress`` variant (``python -m pytest tests/test_fuzz.py -m stress -n 0`` with
-the variable set), which prints its figures.
+* Hypothesis drives chat JSON *values* (the proxy in process).
+* :class:`Gen` generates chat request *bytes* in volume against a real server (torn bodies and
+  resets would show on the wire); the fake model answers some read-tool rounds with hostile
+  ``read_offloaded`` arguments. The default suite runs 400; ``CTXPROXY_STRESS=1`` runs the
+  10,000-request ``stress`` variant (``python -m pytest tests/test_fuzz.py -m stress -n 0``
+  with the variable set), which prints its figures.
+* :class:`Mutator` mutates realistic bodies of each format (Claude Code's and Codex's recorded
+  requests, a chat conversation of the same calls) in process: a few hundred cases per format
+  by default, ``CTXPROXY_FUZZ_CASES`` of them when set (``.ci/run`` sets 10,000), seeded.
+  After them a canary request of the format must come out right.
+* The shapes the mutation fuzz found crashing the proxy (500s, stages skipped) are regression
+  tests by their exact bodies.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import copy
 import logging
 import os
-import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,12 +42,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.app import create_app
-from proxy.compaction.message import SUMMARY_HEADING
 from proxy.errors import BadRequest
+from proxy.formats import json
 from proxy.formats.body import MAX_DEPTH
 from proxy.formats.chat import parse as parse_chat
 from proxy.pipeline.notice import MARKER
-from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.fuzz import _HOSTILE_PATHS as _HOSTILE_PATHS
+from proxy.testing.fuzz import (
+    FORMATS,
+    TINY,
+    Case,
+    cases,
+    envelope_ok,
+    judge,
+    responder,
+    seeds,
+)
+from proxy.testing.fuzz import MAX_BODY_MB as MAX_BODY_MB
+from proxy.testing.fuzz import PIXEL as PIXEL
+from proxy.testing.fuzz import READ_TOOL as READ_TOOL
+from proxy.testing.fuzz import Crashes as Crashes
+from proxy.testing.fuzz import Gen as Gen
+from proxy.testing.fuzz import _notice as _notice
+from proxy.testing.fuzz import hostile_responder as hostile_responder
 from proxy.testing.inprocess import InProcess
 from proxy.testing.servers import ServerThread, serve_in_thread
 
@@ -110,294 +132,6 @@ async def test_message_count_limit(make_inproc: InProcessFactory) -> None:
 # --- request bytes in volume (a real server) ---------------------------------------------------
 
 STRESS = os.environ.get("CTXPROXY_STRESS") == "1"
-MAX_BODY_MB = 4
-PIXEL = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYPj/HwADAgH/pUPIZwAAAABJRU5ErkJggg==")
-READ_TOOL = "read_offloaded"
-
-# Placeholders put into generated strings, replaced in the serialized bytes by what orjson would
-# never write itself.
-_SURR = "@@SURR@@"
-_BYTES = "@@BYTES@@"
-_DEEP = "@@DEEP@@"
-_NUM = "@@NUM@@"
-_NUMBERS = [b"18446744073709551616", b"18446744073709551615", b"-9223372036854775809", b"1e400",
-            b"123456789012345678901234567890", b"1E-400", b"-0", b"0.0000000000000000000000000001"]
-_ESCAPES = [b"\\ud800", b"\\udfff", b"\\ud83d", b"\\ude00", b"\\ud83d\\u0041", b"\\ud83d\\ude00",
-            b"\\u0000", b"\\u00", b"\\uZZZZ", b"\\x41", b"\\", b"\\ud800\\ud800", b"\\uDBFF\\uDFFF"]
-_INVALID_UTF8 = [b"\xff", b"\xfe\xff", b"\xc0\xaf", b"\xe2\x82", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
-                 b"\x80", b"\xc3", b"\xf0\x9f\x98", b"\x00"]
-_ROLES = ["system", "developer", "user", "assistant", "tool", "function"]
-_ODD_ROLES: list[Any] = ["", "nope", "USER", "ipython", None, 5, True, [], {}, "tool\x00", "user "]
-_PART_TYPES = ["text", "image_url", "input_audio", "file", "refusal", "input_text", "image", "x", "",
-               None, 3]
-
-
-def _notice(path: str, next_line: Any = 3) -> str:
-    return (f"line one\nline two\n{MARKER}\nThe output above was truncated.\n"
-            "The full content is saved to the file and contains 10 lines in total.\n"
-            "This excerpt starts at line 1 and covers the next 18 bytes.\n"
-            f"If the current content is not enough, call `{READ_TOOL}` with file_path={path} "
-            f"start_line={next_line} to read more.")
-
-
-_HOSTILE_PATHS: list[Any] = [
-    "tool_result/00000000-0000-0000-0000-000000000000.txt", "dialog/2020-01-01.jsonl",
-    "../../../../etc/passwd", "/etc/passwd", "tool_result/../../x.txt", "tool_result/%2e%2e.txt",
-    "dialog/../../../_index.sqlite3", "_index.sqlite3", "tool_result/\x00.txt", "x" * 5000, "", None,
-    5, ["tool_result/a.txt"], {"p": 1}, "tool_result\\..\\..\\x.txt", "dialog/9999-99-99.jsonl",
-    "TOOL_RESULT/00000000-0000-0000-0000-000000000000.txt", "tool_result/.txt",
-]
-
-
-class Gen:
-    """One request's worth of hostile input, from a seeded generator."""
-
-    def __init__(self, seed: int) -> None:
-        self.r = random.Random(seed)
-
-    def chance(self, p: float) -> bool:
-        return self.r.random() < p
-
-    def text(self, limit: int = 60) -> str:
-        r = self.r
-        pick = r.random()
-        if pick < 0.5:
-            return "".join(r.choice("abc xyz\n\t{}[]\"'\\/<>&") for _ in range(r.randint(0, limit)))
-        if pick < 0.7:
-            return "".join(chr(r.choice([r.randint(32, 126), r.randint(0x80, 0x7FF),
-                                         r.randint(0x800, 0xD7FF), r.randint(0xE000, 0xFFFF),
-                                         r.randint(0x10000, 0x10FFFF), r.randint(0, 31)]))
-                           for _ in range(r.randint(0, limit)))
-        if pick < 0.8:
-            return r.choice([_SURR, _BYTES, f"a{_SURR}b", f"x{_BYTES}y"])
-        if pick < 0.85:
-            return r.choice(["../../../etc/passwd", "..", "/", "\x00", "con", "a" * 200, "é" * 70])
-        if pick < 0.9:
-            return MARKER if self.chance(0.5) else SUMMARY_HEADING
-        return ""
-
-    def big_text(self) -> str:
-        r = self.r
-        size = r.choice([60_000, 120_000, 300_000]) if not self.chance(0.1) else r.choice(
-            [1_500_000, MAX_BODY_MB * 1024 * 1024 + 10])
-        line = r.choice(["x" * 79 + "\n", "Traceback (most recent call last):\n", "é" * 40 + "\n",
-                         "no newline at all " * 5, "\r\n", "\x00\x01\x02\n"])
-        return (line * (size // len(line) + 1))[:size]
-
-    def scalar(self) -> Any:
-        r = self.r
-        return r.choice([None, True, False, 0, -1, 2**63 - 1, -(2**63), 1.5, -0.0, 1e308,
-                         self.text(20), "", [], {}, _NUM])
-
-    def value(self, depth: int = 0) -> Any:
-        if depth > 3 or self.chance(0.5):
-            return self.scalar()
-        if self.chance(0.5):
-            return [self.value(depth + 1) for _ in range(self.r.randint(0, 3))]
-        return {self.text(8): self.value(depth + 1) for _ in range(self.r.randint(0, 3))}
-
-    def deep(self) -> bytes:
-        """Raw JSON nested around the serializer's (255) and the parser's (1024) depth limits."""
-        n = self.r.choice([10, 100, 127, 128, 129, 200, 253, 254, 255, 256, 300, 1000, 1023, 1024,
-                           1025, 5000])
-        if self.chance(0.5):
-            return b"[" * n + b"]" * n
-        return b'{"a":' * n + b"1" + b"}" * n
-
-    def url(self) -> Any:
-        r = self.r
-        return r.choice([f"data:image/png;base64,{PIXEL}", "data:image/png;base64,!!!not base64",
-                         "data:image/png;base64," + base64.b64encode(os.urandom(64)).decode(),
-                         "data:,", "data:image/svg+xml;base64,PHN2Zz4=", "https://example.com/x.png",
-                         "", None, 5, {"url": "x"}, "data:image/png;base64," + "A" * 10_000])
-
-    def part(self) -> Any:
-        r = self.r
-        if self.chance(0.1):
-            return self.value()
-        kind = r.choice(_PART_TYPES)
-        part: dict[str, Any] = {"type": kind} if not self.chance(0.05) else {}
-        if kind == "text" or self.chance(0.2):
-            part["text"] = self.text() if self.chance(0.8) else self.value()
-        if kind in ("image_url", "image") or self.chance(0.1):
-            part["image_url"] = ({"url": self.url(), "detail": r.choice(["low", "high", "auto", 7,
-                                                                         None, "x"])}
-                                 if self.chance(0.8) else self.url())
-        if kind == "input_audio":
-            part["input_audio"] = r.choice([{"data": "AAAA", "format": "wav"}, {}, "x", None])
-        if kind == "file":
-            part["file"] = r.choice([{"file_data": "data:application/pdf;base64,JVBERi0=",
-                                      "filename": "a.pdf"}, {"file_id": "file-1"}, {}, None])
-        if kind == "refusal":
-            part["refusal"] = self.text()
-        return part
-
-    def content(self, tool: bool = False) -> Any:
-        r = self.r
-        pick = r.random()
-        if tool and pick < 0.3:
-            text = self.big_text()
-            return text if self.chance(0.7) else [{"type": "text", "text": text}]
-        if pick < 0.45:
-            return self.text(200)
-        if pick < 0.55:
-            return None
-        if pick < 0.8:
-            return [self.part() for _ in range(r.randint(0, 4))]
-        if pick < 0.85:
-            return _notice(r.choice([p for p in _HOSTILE_PATHS if isinstance(p, str)]),
-                           r.choice([3, 0, -5, "x", 10**12]))
-        if pick < 0.88:
-            return f"{SUMMARY_HEADING}\n{self.text()}"
-        return self.value()
-
-    def call(self, cid: Any) -> Any:
-        r = self.r
-        if self.chance(0.08):
-            return self.value()
-        call: dict[str, Any] = {"id": cid, "type": r.choice(["function", "function", "custom", None])}
-        fn: dict[str, Any] = {"name": r.choice(["bash", "read_file", "Read", "view", READ_TOOL, "",
-                                                None, 5, self.text(10)])}
-        args = r.choice([orjson.dumps({"cmd": "ls"}).decode(), orjson.dumps({"path": "a.md"}).decode(),
-                         orjson.dumps({"file_path": "/x/README.md", "offset": 3}).decode(), "{not json",
-                         "", None, {"cmd": "ls"}, 5, "[]"])
-        if not self.chance(0.05):
-            fn["arguments"] = args
-        if not self.chance(0.05):
-            call["function"] = fn if not self.chance(0.05) else self.value()
-        return call
-
-    def message(self, ids: list[Any]) -> Any:
-        """One message; ``ids`` holds call ids announced so far (results may answer them, or
-        not, or answer ids never announced)."""
-        r = self.r
-        if self.chance(0.04):
-            return self.value()
-        role = r.choice(_ROLES) if not self.chance(0.06) else r.choice(_ODD_ROLES)
-        msg: dict[str, Any] = {"role": role} if not self.chance(0.03) else {}
-        if not self.chance(0.05):
-            msg["content"] = self.content(tool=role in ("tool", "function"))
-        if role == "assistant" and self.chance(0.5):
-            calls = []
-            for _ in range(r.randint(0, 3)):
-                cid = r.choice([f"call_{r.randint(0, 5)}", f"call_{r.randint(0, 5)}", None, 7, "",
-                                self.text(10)])
-                ids.append(cid)
-                calls.append(self.call(cid))
-            msg["tool_calls"] = calls if not self.chance(0.05) else self.value()
-        if role in ("tool", "function") or self.chance(0.05):
-            if ids and self.chance(0.7):
-                msg["tool_call_id"] = r.choice(ids)
-            elif not self.chance(0.2):
-                msg["tool_call_id"] = r.choice([f"call_{r.randint(0, 9)}", None, 5, "", self.text(10)])
-        if self.chance(0.1):
-            msg["name"] = r.choice(["read_file", "Read", "bash", None, 3, self.text(10)])
-        if self.chance(0.05):
-            msg[self.text(6)] = self.value()
-        return msg
-
-    def messages(self) -> Any:
-        r = self.r
-        if self.chance(0.04):
-            return self.value()
-        ids: list[Any] = []
-        n = r.choice([0, 1, 2, 3, 4, 6, 10]) if not self.chance(0.05) else r.randint(30, 120)
-        out = [self.message(ids) for _ in range(n)]
-        if self.chance(0.15):  # a conversation-shaped call and result, maybe a big one
-            out += [{"role": "assistant", "content": None, "tool_calls": [
-                        {"id": "c1", "type": "function",
-                         "function": {"name": r.choice(["bash", "read_file"]),
-                                      "arguments": r.choice(['{"path": "docs/a.md"}', "{}"])}}]},
-                    {"role": "tool", "tool_call_id": "c1", "content": self.content(tool=True)}]
-        return out
-
-    def body(self) -> bytes:
-        r = self.r
-        if self.chance(0.05):
-            return self.garbage()
-        body: dict[str, Any] = {}
-        if not self.chance(0.04):
-            body["model"] = (r.choice(["gpt-4o", "gpt-4o", "tiny", "gpt-3.5-turbo", "o1"])
-                             if self.chance(0.9) else self.scalar())
-        if not self.chance(0.04):
-            body["messages"] = self.messages()
-        optional: dict[str, Callable[[], Any]] = {
-            "stream_options": lambda: r.choice([{"include_usage": True}, {"include_usage": "x"},
-                                                None, [], "x"]),
-            "max_tokens": lambda: r.choice([16, 0, -1, 10**12, "100", None, 1.5, _NUM]),
-            "max_completion_tokens": lambda: r.choice([16, -3, "x", None]),
-            "tools": lambda: r.choice([[{"type": "function", "function": {"name": "bash",
-                                                                         "parameters": {}}}],
-                                       [{"type": "function", "function": {"name": READ_TOOL}}],
-                                       [5], "x", None, [{"function": None}], self.value()]),
-            "tool_choice": lambda: r.choice(["auto", "none", "required", {"type": "function"}, 5]),
-            "metadata": lambda: r.choice([{"session_id": self.text(30)}, {"session_id": 5},
-                                          {"session_id": ""}, "x", None, self.value()]),
-            "user": lambda: r.choice([self.text(30), 5, None, "../../etc", ""]),
-            "prompt_cache_key": lambda: r.choice([self.text(30), [], None, "a" * 300]),
-            "n": lambda: r.choice([1, 2, 0, -1, "x"]),
-            "temperature": lambda: r.choice([0, 2.5, "hot", None]),
-            "response_format": lambda: r.choice([{"type": "json_object"}, "x", None]),
-            "parallel_tool_calls": lambda: r.choice([True, "yes", None]),
-            "extra": lambda: self.value(),
-        }
-        if self.chance(0.3):
-            body["stream"] = r.choice([True, True, True, True, False, None, "true", 1, {}])
-        for name, make in optional.items():
-            if self.chance(0.15):
-                body[name] = make()
-        if self.chance(0.08):
-            body["junk"] = _DEEP
-        raw = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
-        return self.mutate(raw)
-
-    def mutate(self, raw: bytes) -> bytes:
-        r = self.r
-        raw = raw.replace(b'"' + _DEEP.encode() + b'"', self.deep())
-        while b'"' + _NUM.encode() + b'"' in raw:
-            raw = raw.replace(b'"' + _NUM.encode() + b'"', r.choice(_NUMBERS), 1)
-        while _SURR.encode() in raw:
-            raw = raw.replace(_SURR.encode(), r.choice(_ESCAPES), 1)
-        while _BYTES.encode() in raw:
-            raw = raw.replace(_BYTES.encode(), r.choice(_INVALID_UTF8), 1)
-        if self.chance(0.02) and raw:
-            cut = r.randint(0, len(raw) - 1)
-            raw = raw[:cut]
-        if self.chance(0.01):
-            raw = b"\xef\xbb\xbf" + raw
-        if self.chance(0.01):
-            raw = raw + r.choice([b"garbage", b",", b"}", b"\x00"])
-        return raw
-
-    def garbage(self) -> bytes:
-        r = self.r
-        return r.choice([
-            b"", b"null", b"[]", b"1", b'"model"', b"{", b"}", b"{}", os.urandom(r.randint(1, 200)),
-            b'{"model": NaN, "messages": []}', b'{"model": "m", "messages": [], "t": Infinity}',
-            b'{"model": "m", "messages": [1e400]}', b'{"model": "m", "messages": [] ,}',
-            b'{"model": "m", "model": 5, "messages": []}', b'{"model": "m", "messages": [],}',
-            b'{"model": "m", "messages": [{"role": "user", "content": "a\\qb"}]}',
-            b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 100_000 + b"\x00\"}]}",
-            b'{"model": "m", "messages": [' + b'{"role":"user","content":"x"},' * 2000 + b"]}",
-            b'{"model": 123456789012345678901234567890, "messages": []}',
-            b"\xef\xbb\xbf{}", b'{"\xff": 1}', b'{"model": "m\xed\xa0\x80", "messages": []}',
-            self.deep(), b'{"model": "m", "messages": ' + self.deep() + b"}",
-        ])
-
-    def headers(self) -> dict[bytes, bytes]:
-        r = self.r
-        out: dict[str, str] = {}
-        out["content-type"] = r.choice(["application/json", "application/json", "text/plain",
-                                        "application/x-www-form-urlencoded", ""])
-        if self.chance(0.5):
-            out["authorization"] = r.choice(["Bearer sk-fuzz-1", "Bearer sk-fuzz-2", "Bearer",
-                                             "Basic !!!", "sk-raw", "Bearer " + "k" * 2000])
-        if self.chance(0.3):
-            out["x-session-id"] = r.choice(["fuzz-1", "fuzz-2", "../../etc", "a" * 500, ".", "..",
-                                            "é", "x\ty", "-lead", "s/../../t"])
-        if self.chance(0.05):
-            out["x-claude-code-session-id"] = r.choice(["c1", "_bad", "%2e%2e"])
-        return {k.encode(): v.encode() for k, v in out.items()}
 
 
 @dataclass
@@ -415,49 +149,6 @@ class Figures:
     def failures(self) -> dict[str, list[str]]:
         return {"proxy 5xx": self.proxy_5xx, "crashes": self.crashes,
                 "envelope": self.envelope_failures, "streams": self.unterminated_streams}
-
-
-class Crashes(logging.Handler):
-    """Tracebacks and errors the proxy or its server logged: each one is a crash."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        where = ""
-        if record.exc_info and record.exc_info[1] is not None:
-            tb = record.exc_info[1].__traceback__
-            while tb is not None and tb.tb_next is not None:
-                tb = tb.tb_next
-            if tb is not None:
-                frame = tb.tb_frame.f_code
-                where = f" [{record.exc_info[1]!r} at {frame.co_filename}:{tb.tb_lineno}]"
-        self.records.append(f"{record.name}: {record.getMessage()[:300]}{where}")
-
-
-def hostile_responder(body: dict[str, Any]) -> Reply:
-    """The model: plain answers, except that an offered read tool is sometimes called with
-    hostile arguments (once per request: the next round answers plainly)."""
-    tools = body.get("tools")
-    offered = isinstance(tools, list) and any(
-        isinstance(t, dict) and isinstance(t.get("function"), dict)
-        and t["function"].get("name") == READ_TOOL for t in tools)
-    messages = body.get("messages")
-    last = messages[-1] if isinstance(messages, list) and messages else None
-    if not offered or (isinstance(last, dict) and last.get("role") == "tool"):
-        return Reply(content="ok")
-    r = random.Random(len(orjson.dumps(body.get("messages"))))
-    if r.random() < 0.3:
-        return Reply(content="ok")
-    args: Any = {"file_path": r.choice(_HOSTILE_PATHS)}
-    if r.random() < 0.5:
-        args["start_line"] = r.choice([1, 0, -1, 10**18, "1", None, 2.5, True])
-    if r.random() < 0.3:
-        args["start_byte"] = r.choice([0, -1, 10**18, "x", None])
-    if r.random() < 0.1:
-        args = r.choice(["{not json", "[]", "null", '"x"'])
-    return Reply(content=None, tool_calls=[{"id": "r1", "name": READ_TOOL, "arguments": args}])
 
 
 def check(figures: Figures, index: int, response: httpx.Response, stream: bool) -> None:
@@ -597,8 +288,8 @@ def test_ten_thousand_generated_requests(rig: Rig, capsys: pytest.CaptureFixture
 
 def _nested(levels: int) -> bytes:
     """A body whose nesting is ``levels`` deep in all (the body object is level 1)."""
-    inner = levels - 3  # body > messages > message, then the content arrays
-    return (b'{"model": "m", "messages": [{"role": "user", "content": ' + b"[" * inner
+    inner = levels - 3  # body > messages > message, then arrays in a field no one reads
+    return (b'{"model": "m", "messages": [{"role": "user", "content": "x", "x": ' + b"[" * inner
             + b"]" * inner + b"}]}")
 
 
@@ -633,3 +324,206 @@ def test_what_the_pipeline_cannot_take_is_a_clear_400(
 ])
 def test_what_the_pipeline_can_take_passes(raw: bytes) -> None:
     assert parse_chat(raw)["model"] == "m"
+
+
+# --- realistic bodies of each format, mutated (in process) -------------------------------------
+
+FUZZ_CASES = int(os.environ.get("CTXPROXY_FUZZ_CASES", "300"))
+FUZZ_SEED = int(os.environ.get("CTXPROXY_FUZZ_SEED", "11"))
+#: Where each format keeps its conversation in a body.
+ITEMS = {"chat": "messages", "responses": "input", "messages": "messages"}
+BIG, TINY_BIG = 1, 3  # seed variants: a big tool output (offload); the same on the tiny model
+
+
+def stored(data: Path) -> dict[str, tuple[int, int]]:
+    """What the proxy has stored: each file under its data directory, by size and mtime."""
+    return {str(p.relative_to(data)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in data.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+async def fuzz_app(tmp_path: Path) -> AsyncIterator[tuple[InProcess, FakeUpstream, Path]]:
+    """The proxy in process in front of its own non-recording fake (the hostile read-tool
+    model), a 3,000-token ``tiny`` model so compaction runs too."""
+    # Not strict: hostile bodies the proxy forwards as sent are the provider's to refuse, and
+    # a refusal here would read as the proxy's own.
+    fake = FakeUpstream(responder=responder, record=False, strict=False)
+    data = tmp_path / "data"
+    with serve_in_thread(fake) as upstream:
+        config = proxy_config(upstream.url + "/v1", data, {
+            "upstream": {"timeout_s": 30}, "server": {"max_body_mb": MAX_BODY_MB},
+            "compaction": {"context_windows": {TINY: 3000}}})
+        async with InProcess(create_app(config)) as app:
+            yield app, fake, data
+
+
+async def canary(app: InProcess, fake: FakeUpstream, fmt: str) -> None:
+    """The format's recorded body with a big tool output, in a session of its own: answered,
+    the output cut, every other item forwarded byte for byte."""
+    raw = orjson.dumps(seeds(fmt)[BIG])
+    fake.record = True
+    try:
+        r = await app.client.post(FORMATS[fmt], content=raw,
+                                  headers={"x-session-id": f"canary-{fmt}"})
+    finally:
+        fake.record = False
+    assert r.status_code == 200 and r.headers["x-ctxproxy-offloaded"] == "1", r.text[:300]
+    first = fake.received[-1 - int(r.headers.get("x-ctxproxy-read-rounds", "0"))]
+    sent = json.array_items(json.members(first.body)[ITEMS[fmt]])
+    given = json.array_items(json.members(raw)[ITEMS[fmt]])
+    changed = [a for a, b in zip(sent, given, strict=True) if a != b]
+    assert len(changed) == 1 and MARKER.encode() in bytes(changed[0])
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("fmt", ["chat", "responses", "messages"])
+async def test_mutated_realistic_bodies_never_break_the_proxy(
+    fmt: str, fuzz_app: tuple[InProcess, FakeUpstream, Path]
+) -> None:
+    """Each case answered without a proxy 5xx or a logged error, every error in the route's
+    envelope, every stream ended; a refused case reached nobody and stored nothing; the proxy
+    alive and a canary right afterwards."""
+    app, fake, data = fuzz_app
+    crashes = Crashes()
+    loggers = [logging.getLogger(n) for n in ("proxy", "asyncio")]
+    for logger in loggers:
+        logger.addHandler(crashes)
+    statuses: Counter[int] = Counter()
+    failures: list[str] = []
+    refused: list[Case] = []
+
+    async def nothing_stored() -> None:
+        """Each refused case once more, alone in a quiet proxy: it reaches nobody upstream and
+        stores nothing (checked in batches: waiting for quiet after every case would cost more
+        than the cases)."""
+        await app.drain()
+        for case in refused:
+            before, calls = stored(data), fake.request_count
+            await app.client.post(FORMATS[fmt], content=case.raw)
+            await app.drain()
+            if stored(data) != before or fake.request_count != calls:
+                failures.append(f"#{case.index} refused, but stored or forwarded something")
+        refused.clear()
+
+    try:
+        for case in cases(fmt, FUZZ_CASES, FUZZ_SEED):
+            r = await app.client.post(FORMATS[fmt], content=case.raw)
+            statuses[r.status_code] += 1
+            verdict = judge(fmt, r.status_code, r.headers.get("content-type", ""), r.content,
+                            case.stream)
+            if verdict:
+                failures.append(f"{verdict} #{case.index} {r.status_code} {r.content[:200]!r}")
+            if 400 <= r.status_code < 500:
+                refused.append(case)
+            if len(refused) == 100:
+                await nothing_stored()
+        await nothing_stored()
+        before = stored(data)
+        await canary(app, fake, fmt)
+        await app.drain()
+        # The check above can fail: what a request stores shows.
+        assert stored(data) != before
+        health = await app.client.get("/healthz")
+    finally:
+        for logger in loggers:
+            logger.removeHandler(crashes)
+    text = f"{fmt}: {dict(sorted(statuses.items()))}\n" + "\n".join(
+        [*failures[:10], *crashes.records[:10]])
+    assert not failures and not crashes.records and health.status_code == 200, text
+    assert sum(statuses.values()) == FUZZ_CASES, text
+    # The mutations must reach the pipeline as well as the refusals.
+    assert statuses[200] > FUZZ_CASES // 4 and statuses[400] > FUZZ_CASES // 10, text
+
+
+# --- what the mutation fuzz found: refused with the field named, or forwarded as sent -----------
+
+
+def mutated(fmt: str, variant: int, path: tuple[str | int, ...], value: Any) -> bytes:
+    """Seed ``variant`` of ``fmt`` with the value at ``path`` replaced (the fuzz's finds, as
+    the exact bodies they were)."""
+    body = copy.deepcopy(seeds(fmt)[variant])
+    inner = body
+    for step in path[:-1]:
+        inner = inner[step]
+    inner[path[-1]] = value
+    return orjson.dumps(body)
+
+
+
+
+@pytest.mark.parametrize(("fmt", "raw", "param"), [
+    # proxy 500: retrieval.tool's with_tool read a tool's function that is a number.
+    ("chat", mutated("chat", 0, ("tools", 0, "function"), 1.5), "tools[0].function"),
+    ("chat", mutated("chat", 0, ("tools", 1, "custom"), "apply_patch"), "tools[1].custom"),
+    # offload skipped ("forwarding without it"): a tool_call_id that is an object.
+    ("chat", mutated("chat", BIG, ("messages", 5, "tool_call_id"), {"type": "call_rec_0"}),
+     "messages[5].tool_call_id"),
+    ("chat", mutated("chat", BIG, ("messages", 5, "tool_call_id"), ["call_rec_0"]),
+     "messages[5].tool_call_id"),
+    # compaction skipped: a content part whose type is an array.
+    ("chat", mutated("chat", TINY_BIG, ("messages", 2, "content", 0, "type"), []),
+     "messages[2].content[0].type"),
+    # proxy 500: formats.responses read a leading item whose role is an object.
+    ("responses", mutated("responses", 0, ("input", 0, "role"), {"role": "developer"}),
+     "input[0].role"),
+    ("responses", mutated("responses", 0, ("input", 2, "type"), ["message"]), "input[2].type"),
+    # proxy 500: formats.messages read a block whose type is an object, or an array.
+    ("messages", mutated("messages", 0, ("messages", 1, "content", 0, "type"),
+                         {"type": "thinking"}), "messages.1.content.0.type"),
+    ("messages", mutated("messages", 0, ("messages", 3, "content", 1, "type"), ["tool_use"]),
+     "messages.3.content.1.type"),
+    # compaction skipped: a tool_result block whose type is an array.
+    ("messages", mutated("messages", TINY_BIG, ("messages", 6, "content", 0, "type"), []),
+     "messages.6.content.0.type"),
+])
+async def test_what_the_proxy_cannot_read_is_the_formats_400(
+    fmt: str, raw: bytes, param: str, fuzz_app: tuple[InProcess, FakeUpstream, Path]
+) -> None:
+    app, fake, data = fuzz_app
+    crashes = Crashes()
+    logging.getLogger("proxy").addHandler(crashes)
+    before = stored(data)
+    try:
+        r = await app.client.post(FORMATS[fmt], content=raw)
+        await app.drain()
+    finally:
+        logging.getLogger("proxy").removeHandler(crashes)
+    assert r.status_code == 400 and not crashes.records, (r.text, crashes.records)
+    assert envelope_ok(fmt, r.status_code, r.headers["content-type"], r.content)
+    if fmt == "messages":  # Anthropic's envelope: the path leads the message
+        assert r.json()["error"]["message"].startswith(f"{param}: "), r.text
+    else:
+        assert r.json()["error"]["param"] == param, r.text
+    assert fake.request_count == 0 and stored(data) == before
+
+
+@pytest.mark.parametrize(("fmt", "raw"), [
+    # The validator used to "repair" these: the orphan dropped, a placeholder for the call.
+    ("chat", mutated("chat", BIG, ("messages", 5, "tool_call_id"), "call_77")),
+    ("chat", mutated("chat", BIG, ("messages", 4, "tool_calls"), [])),
+    ("responses", mutated("responses", BIG, ("input", 4, "call_id"), "call_77")),
+    ("messages", mutated("messages", BIG, ("messages", 2, "content", 0, "tool_use_id"),
+                         "toolu_77")),
+    # What the proxy does not read, whatever it is.
+    ("chat", mutated("chat", BIG, ("messages", 3, "content", 0, "type"), "input_text_2027")),
+    ("responses", mutated("responses", BIG, ("input", 5), {"type": "new_item", "x": [1.0e1]})),
+    ("responses", mutated("responses", BIG, ("input", 5), {  # its id names the call
+        "type": "local_shell_call_output", "id": "lsc_1", "output": '{"stdout": "ok"}'})),
+    ("messages", mutated("messages", BIG, ("messages", 1, "content", 0),
+                         {"type": "new_block", "data": {"v": 1.50}})),
+    ("messages", mutated("messages", BIG, ("messages", 2, "content", 0, "is_error"), "maybe")),
+])
+async def test_what_the_proxy_can_read_goes_upstream_as_sent(
+    fmt: str, raw: bytes, fuzz_app: tuple[InProcess, FakeUpstream, Path]
+) -> None:
+    """A conversation whose pairing the client broke, or with types and fields the proxy
+    does not know: the provider judges it, and gets it as the client sent it (the big output
+    cut, the rest byte for byte)."""
+    app, fake, _ = fuzz_app
+    fake.record = True
+    r = await app.client.post(FORMATS[fmt], content=raw)
+    assert r.status_code == 200, r.text
+    sent = json.array_items(json.members(fake.received[0].body)[ITEMS[fmt]])
+    given = json.array_items(json.members(raw)[ITEMS[fmt]])
+    changed = [bytes(a) for a, b in zip(sent, given, strict=True) if a != b]
+    assert len(changed) == 1 and MARKER.encode() in changed[0]

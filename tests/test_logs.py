@@ -37,9 +37,15 @@ def test_a_short_message_and_a_traceback_are_kept_whole() -> None:
 def test_the_validators_warning_names_a_bounded_number_of_repairs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """The pipeline evicted an assistant turn of 2,000 calls: their results are orphans to drop
+    (the client's own list was valid)."""
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+             for i in range(2000)]
     orphans = [{"role": "tool", "tool_call_id": f"call_{i}", "content": "x"} for i in range(2000)]
-    messages = [{"role": "user", "content": "go"}, *orphans]
-    view = RequestView("m", {"messages": messages}, Identity("t", "s", None))
+    client = [{"role": "user", "content": "go"},
+              {"role": "assistant", "content": None, "tool_calls": calls}, *orphans]
+    messages = [client[0], *orphans]
+    view = RequestView("m", {"messages": client}, Identity("t", "s", None))
     with caplog.at_level(logging.WARNING, logger="proxy.pipeline"):
         ValidateStage()(messages, view)
     [line] = [r.getMessage() for r in caplog.records]

@@ -21,10 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.message import SUMMARY_HEADING
+from proxy.formats.json import members
 from proxy.formats.messages import MESSAGES, cache_markers
 from proxy.pipeline.media import ANTHROPIC_UNKNOWN_IMAGE, anthropic_image_tokens
 from proxy.pipeline.notice import parse_notice
-from proxy.pipeline.validate import BRIDGE, PLACEHOLDER
+from proxy.pipeline.validate import BRIDGE, PLACEHOLDER, validate
 from proxy.session import resolve
 from proxy.store.dialog import read
 from proxy.testing.fake_upstream import FakeUpstream, Reply
@@ -218,40 +219,55 @@ def test_old_results_age(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
     assert [len(t) < 4000 for t in results] == [True, True, False]
 
 
-def test_a_missing_result_gets_a_placeholder_in_the_next_user_message(
+UNANSWERED = {"role": "assistant", "content": [
+    {"type": "tool_use", "id": "toolu_a", "name": "Bash", "input": {}},
+    {"type": "tool_use", "id": "toolu_b", "name": "Bash", "input": {}}]}
+ANSWER = {"role": "user", "content": [
+    {"type": "tool_result", "tool_use_id": "toolu_a", "content": "done"},
+    {"type": "text", "text": "next"}]}
+
+
+def test_the_clients_own_missing_result_goes_upstream_as_sent(
     proxy: ServerThread, fake: FakeUpstream
 ) -> None:
-    unanswered = {"role": "assistant", "content": [
-        {"type": "tool_use", "id": "toolu_a", "name": "Bash", "input": {}},
-        {"type": "tool_use", "id": "toolu_b", "name": "Bash", "input": {}}]}
-    answer = {"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_a", "content": "done"},
-        {"type": "text", "text": "next"}]}
-    r = post(proxy, body([user("go"), unanswered, answer]))
-    assert r.status_code == 200
-    out = fake.received[-1].json()["messages"]
-    assert len(out) == 3
-    assert out[2]["content"] == [answer["content"][0],
-                                 {"type": "tool_result", "tool_use_id": "toolu_b",
-                                  "content": PLACEHOLDER},
-                                 answer["content"][1]]
-    check_pairs(out)
+    fake.strict = False  # the provider refuses this request: here it is what it receives
+    raw = orjson.dumps(body([user("go"), UNANSWERED, ANSWER]))
+    assert post(proxy, raw).status_code == 200
+    # The client's messages byte for byte (the proxy's read tool joins its tools).
+    assert members(fake.received[-1].body)["messages"] == members(raw)["messages"]
+
+
+def test_a_result_the_proxy_lost_gets_a_placeholder_in_the_next_user_message() -> None:
+    """A break of the proxy's making (a result evicted): the placeholder goes in the user
+    message of the other results, before its other blocks."""
+    both = {"role": "user", "content": [
+        *ANSWER["content"][:1], {"type": "tool_result", "tool_use_id": "toolu_b", "content": "ok"},
+        *ANSWER["content"][1:]]}
+    raw = orjson.dumps(body([user("go"), UNANSWERED, both]))
+    parsed = MESSAGES.parse(raw, 1000)
+    evicted = [m for m in parsed.history if m.get("tool_call_id") != "toolu_b"]
+    out = orjson.loads(MESSAGES.write(raw, parsed, validate(evicted, parsed.history).messages))
+    assert out["messages"][2]["content"] == [
+        ANSWER["content"][0], {"type": "tool_result", "tool_use_id": "toolu_b",
+                               "content": PLACEHOLDER}, ANSWER["content"][1]]
+    check_pairs(out["messages"])
 
 
 def test_bad_input_gets_a_400(proxy: ServerThread, fake: FakeUpstream) -> None:
     for payload, param in [({"model": MODEL}, "messages"),
                            ({"model": MODEL, "messages": [{"role": "user", "content": 3}]},
-                            "messages[0].content"),
+                            "messages.0.content"),
                            ({"model": MODEL, "messages": [], "system": 5}, "system")]:
         r = post(proxy, payload)
-        assert r.status_code == 400 and f"'{param}'" in r.json()["error"]["message"]
+        # Worded as Anthropic's API words it: the field's dotted path first.
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith(f"{param}: ")
         # Anthropic's envelope: what Claude Code and the anthropic SDK read.
         assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     assert post(proxy, b"{nope").status_code == 400
     client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-bad", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model=MODEL, max_tokens=10, messages="nope")  # type: ignore[arg-type]
-    assert "'messages'" in err.value.message
+    assert "messages: Input should be a valid list" in err.value.message
     assert not fake.received
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from proxy.compaction.message import SUMMARY_HEADING
 from proxy.formats.responses import RESPONSES
 from proxy.pipeline.notice import parse_notice, split_notice
-from proxy.pipeline.validate import PLACEHOLDER
+from proxy.pipeline.validate import PLACEHOLDER, validate
 from proxy.store.dialog import read
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.testing.own_calls import own_call
@@ -202,16 +202,34 @@ def test_a_continued_response_is_slimmed_but_not_compacted(
 # --- pairing --------------------------------------------------------------------------------------
 
 
-def test_pairing_rules_are_the_responses_ones(proxy: ServerThread, fake: FakeUpstream) -> None:
-    orphan = {"type": "function_call_output", "call_id": "call_gone", "output": "stale"}
-    open_call = {"type": "custom_tool_call", "id": "ctc_9", "call_id": "call_9",
-                 "name": "apply_patch", "input": "*** Begin Patch"}
-    items = [user("go"), orphan, *turn(1, "fine"), open_call]
-    r = post(proxy, body(items))
-    assert r.status_code == 200
-    out = fake.received[-1].json()["input"]
-    assert orphan not in out
-    assert out[-2] == open_call
+ORPHAN = {"type": "function_call_output", "call_id": "call_gone", "output": "stale"}
+OPEN_CALL = {"type": "custom_tool_call", "id": "ctc_9", "call_id": "call_9",
+             "name": "apply_patch", "input": "*** Begin Patch"}
+
+
+def test_the_clients_own_pairing_goes_upstream_as_sent(
+    proxy: ServerThread, fake: FakeUpstream
+) -> None:
+    """An orphan output and an unanswered call the client sent are the provider's to judge
+    (and an output answering a stored response's call is no orphan there)."""
+    fake.strict = False  # the provider refuses this request: here it is what it receives
+    raw = orjson.dumps(body([user("go"), ORPHAN, *turn(1, "fine"), OPEN_CALL]))
+    assert post(proxy, raw).status_code == 200
+    assert fake.received[-1].body == raw
+
+
+def test_a_call_the_proxy_left_unanswered_gets_a_result_of_its_own_type() -> None:
+    """What the validator adds for a break of the proxy's making (its result evicted) is an
+    output item of the call's type."""
+    raw = orjson.dumps(body([user("go"), ORPHAN, *turn(1, "fine"), OPEN_CALL,
+                             {"type": "custom_tool_call_output", "call_id": "call_9",
+                              "output": "patched"}]))
+    parsed = RESPONSES.parse(raw, 1000)
+    evicted = [m for m in parsed.history if m.get("tool_call_id") != "call_9"]
+    result = validate(evicted, parsed.history)
+    out = orjson.loads(RESPONSES.write(raw, parsed, result.messages))["input"]
+    assert ORPHAN in out  # the client's own orphan stays
+    assert out[-2] == OPEN_CALL
     assert out[-1] == {"type": "custom_tool_call_output", "call_id": "call_9", "output": PLACEHOLDER}
 
 

@@ -357,3 +357,64 @@ def test_unchanged_messages_are_shared_not_copied() -> None:
     msgs = [user(), res("x"), calls("a"), res("a")]
     v = validate(msgs)
     assert v.messages[0] is msgs[0] and v.messages[1] is msgs[2] and v.messages[2] is msgs[3]
+
+
+# --- the client's own breaks are left alone ----------------------------------------------------
+
+
+@FAST
+@given(damaged())
+def test_the_clients_own_list_is_never_repaired(msgs: list[Message]) -> None:
+    """Whatever the client's list breaks, the list forwarded is the client's (a copy of the
+    list object, as the pipeline hands the validator a new list)."""
+    v = validate(list(msgs), msgs)
+    assert v.messages == msgs and not v.changed and not v.repairs
+    assert all(a is b for a, b in zip(v.messages, msgs, strict=True))
+
+
+@FAST
+@given(conversations(), st.data())
+def test_what_the_proxy_broke_in_a_valid_list_is_repaired_as_before(
+    msgs: list[Message], data: st.DataObject
+) -> None:
+    broken = data.draw(damaged_from(msgs))
+    assert validate(broken, msgs) == validate(broken)
+
+
+@st.composite
+def damaged_from(draw: st.DrawFn, msgs: list[Message]) -> list[Message]:
+    """``msgs`` with messages deleted (what an eviction does)."""
+    keep = draw(st.lists(st.booleans(), min_size=len(msgs), max_size=len(msgs)))
+    return [m for m, k in zip(msgs, keep, strict=True) if k]
+
+
+def test_a_client_orphan_stays_while_the_proxys_are_dropped() -> None:
+    gone = res("gone")
+    sent = [user(), gone, user(), calls("a"), res("a"), asst()]
+    evicted = [sent[0], gone, sent[2], sent[4], sent[5]]  # the proxy evicted calls("a")
+    v = validate(evicted, sent)
+    assert v.messages == [user(), gone, user(), asst()]
+    assert v.repairs == ("dropped tool result 3 (tool_call_id 'a'): no pending call",)
+
+
+def test_a_cut_copy_of_a_client_orphan_is_still_the_clients() -> None:
+    """Offload hands the validator a copy of a result with its text cut: the same break."""
+    sent = [user(), res("gone", "long output"), calls("a"), res("a")]
+    cut = [sent[0], res("gone", "[cut]"), sent[2], sent[3]]
+    v = validate(cut, sent)
+    assert v.messages is cut and not v.changed
+
+
+def test_a_call_the_client_left_unanswered_gets_no_placeholder_but_the_proxys_does() -> None:
+    sent = [user(), calls("a", "b"), res("a"), asst()]  # the client never answered b
+    lost = [sent[0], sent[1], sent[3]]  # and the proxy lost a's result
+    v = validate(lost, sent)
+    assert v.messages == [user(), calls("a", "b"), placeholder("a"), asst()]
+    assert len(v.repairs) == 1
+
+
+def test_the_clients_malformed_tool_calls_stay() -> None:
+    empty: Message = {"role": "assistant", "content": None, "tool_calls": []}
+    sent = [user(), empty, res("x")]
+    v = validate([*sent], sent)
+    assert v.messages == sent and v.messages[1] is empty and not v.changed

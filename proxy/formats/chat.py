@@ -1,5 +1,17 @@
 """Chat completions (``POST /v1/chat/completions``): the pipeline's own message model, so reading
-is checking and writing is splicing the changed messages into the client's bytes."""
+is checking and writing is splicing the changed messages into the client's bytes.
+
+Checked at the edge (:func:`parse`; the rules in :mod:`proxy.formats.body` and the README's
+Errors section): what the pipeline dispatches, pairs and cuts on must have the type OpenAI
+documents (https://platform.openai.com/docs/api-reference/chat/create): ``messages`` an
+array of objects, each ``role`` a string, ``content`` a string, null or an array of content
+part objects whose ``type`` is a string; ``tool_calls`` an array of objects, each ``id`` a
+string, its ``type`` a string, its ``function`` (or ``custom``) an object with string ``name``
+and ``arguments`` (``input``); ``tool_call_id`` and ``name`` strings; the legacy
+``function_call`` an object like ``function``; ``tools`` an array of objects whose ``type`` is
+a string and whose ``function`` (``custom``) is an object with a string ``name``. Null stands
+for absent everywhere; unknown fields, roles and part types are not checked.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +24,58 @@ from ..errors import BadRequest, envelope
 from ..pipeline.model import Message
 from ..upstream.assemble import StreamAssembler, message_from_completion
 from . import Parsed, json
-from .body import check_objects, json_type, load_object, require_model
+from .body import Shape, check_objects, conform, load_object, require_model
 
 __all__ = ["CHAT", "ChatFormat", "ChatTap", "parse", "write"]
+
+
+class _Function(Shape):
+    """A call's ``function`` (and the legacy ``function_call``)."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _Custom(Shape):
+    """A custom (free-form) tool's call."""
+
+    name: str | None = None
+    input: str | None = None
+
+
+class _Call(Shape):
+    id: str | None = None  # what its result answers: the pairing rules read it
+    type: str | None = None
+    function: _Function | None = None
+    custom: _Custom | None = None
+
+
+class _Part(Shape):
+    type: str | None = None
+
+
+class _Message(Shape):
+    role: str | None = None
+    content: str | list[_Part] | None = None
+    tool_calls: list[_Call] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    function_call: _Function | None = None
+
+
+class _ToolName(Shape):
+    name: str | None = None
+
+
+class _Tool(Shape):
+    type: str | None = None
+    function: _ToolName | None = None
+    custom: _ToolName | None = None
+
+
+class _Body(Shape):
+    messages: list[_Message]
+    tools: list[_Tool] | None = None
 
 
 def parse(raw: bytes, max_messages: int = 100_000) -> dict[str, Any]:
@@ -26,16 +87,7 @@ def parse(raw: bytes, max_messages: int = 100_000) -> dict[str, Any]:
     if not isinstance(messages, list):
         raise BadRequest("'messages' is required and must be an array", param="messages")
     check_objects(messages, "messages", max_messages)
-    for i, message in enumerate(messages):
-        # The fields the pipeline dispatches on.
-        for name, kind, expected in (("role", str, "a string"), ("tool_calls", list, "an array")):
-            value = message.get(name)
-            if value is not None and not isinstance(value, kind):
-                raise BadRequest(
-                    f"Invalid type for 'messages[{i}].{name}': expected {expected}, "
-                    f"but got {json_type(value)} instead.",
-                    param=f"messages[{i}].{name}",
-                )
+    conform(body, _Body)
     return body
 
 

@@ -36,6 +36,18 @@ its first assistant turn (Claude Code's environment, on the models that take the
 compaction evicted, are put back right after that first user turn, as the client had them. A
 ``cache_control`` marker evicted with the turns it stood on moves to the last added block when
 the request has fewer than the provider's four, so the new prefix caches.
+
+Checked at the edge (the rules in :mod:`proxy.formats.body` and the README's Errors section;
+refusals worded as Anthropic's API words them, in its envelope), as the API reference
+documents the fields (https://docs.anthropic.com/en/api/messages): ``messages`` an array of
+objects, each with a string ``role`` and a ``content`` that is a string or an array of block
+objects whose ``type`` is a string; a ``text`` block's ``text`` and a ``thinking`` block's
+``thinking`` strings; a ``tool_use`` block's ``id`` (what its result answers) and ``name``
+strings; a ``tool_result`` block's ``tool_use_id`` a string and its ``content`` a string or an
+array of block objects; ``system`` a string or an array of block objects; ``tools`` an array
+of objects whose ``name`` and ``type`` are strings; ``role`` and ``content`` are required.
+Null stands for absent otherwise; unknown fields and block types (server tools, a new kind)
+are not checked.
 """
 
 from __future__ import annotations
@@ -51,7 +63,7 @@ from ..pipeline.epoch import SIGNED, THINKING_DROPPED
 from ..pipeline.model import NATIVE, WIRE, Message
 from ..pipeline.native import COMPACTION
 from . import Parsed, json
-from .body import check_objects, json_type, load_object, require_model
+from .body import ANTHROPIC, Shape, check_objects, conform, load_object, require_model
 from .messages_answer import MessagesTap
 
 __all__ = [
@@ -195,30 +207,70 @@ class _Reader:
             self.add({"role": "user", "content": [content[b] for b in rest]}, j, tuple(rest))
 
 
+class _Block(Shape):
+    """What every block is read for: its ``type``."""
+
+    type: str | None = None
+
+
+class _Text(Shape):
+    text: str | None = None
+
+
+class _Thinking(Shape):
+    thinking: str | None = None
+
+
+class _ToolUse(Shape):
+    id: str | None = None
+    name: str | None = None
+
+
+class _ToolResult(Shape):
+    tool_use_id: str | None = None
+    content: str | list[_Block] | None = None
+
+
+class _Message(Shape):
+    role: str
+    content: str | list[_Block]
+
+
+class _Tool(Shape):
+    type: str | None = None
+    name: str | None = None
+
+
+class _Body(Shape):
+    messages: list[_Message]
+    system: str | list[_Block] | None = None
+    tools: list[_Tool] | None = None
+
+
+_SHAPES: Final[Mapping[str, type[Shape]]] = {
+    "text": _Text, "thinking": _Thinking, "tool_use": _ToolUse, "tool_result": _ToolResult,
+}
+
+
 def _check(body: dict[str, Any], max_items: int) -> list[Any]:
     messages = body.get("messages")
     if not isinstance(messages, list):
-        raise BadRequest("'messages' is required and must be an array", param="messages")
-    check_objects(messages, "messages", max_items)
+        raise BadRequest("messages: Field required" if messages is None
+                         else "messages: Input should be a valid list", param="messages")
+    check_objects(messages, "messages", max_items, style=ANTHROPIC)
+    conform(body, _Body, style=ANTHROPIC)
     for i, message in enumerate(messages):
-        if not isinstance(message.get("role"), str):
-            raise BadRequest(f"'messages[{i}].role' is required and must be a string",
-                             param=f"messages[{i}].role")
-        content = message.get("content")
-        if not isinstance(content, str | list):
-            raise BadRequest(f"Invalid type for 'messages[{i}].content': expected a string or "
-                             f"an array, but got {json_type(content)} instead.",
-                             param=f"messages[{i}].content")
+        content = message["content"]
         if isinstance(content, list):
             for b, block in enumerate(content):
-                if not isinstance(block, dict):
-                    raise BadRequest(
-                        f"Invalid type for 'messages[{i}].content[{b}]': expected an object, "
-                        f"but got {json_type(block)} instead.", param=f"messages[{i}].content[{b}]")
+                shape = _SHAPES.get(block.get("type"))
+                if shape is not None:
+                    conform(block, shape, ("messages", i, "content", b), ANTHROPIC)
     system = body.get("system")
-    if system is not None and not isinstance(system, str | list):
-        raise BadRequest(f"Invalid type for 'system': expected a string or an array, but got "
-                         f"{json_type(system)} instead.", param="system")
+    if isinstance(system, list):
+        for b, block in enumerate(system):
+            if block.get("type") == "text":
+                conform(block, _Text, ("system", b), ANTHROPIC)
     return messages
 
 

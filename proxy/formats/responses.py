@@ -24,6 +24,17 @@ as a ``developer`` message item, a placeholder result for a call left unanswered
 read rounds put back (``model.WIRE``) as the items they were sent as. An
 ``additional_tools`` item that compaction would evict is kept right after the summary: the
 tools it makes available must stay available.
+
+Checked at the edge (the rules in :mod:`proxy.formats.body` and the README's Errors section),
+as the API reference documents the fields (https://platform.openai.com/docs/api-reference/
+responses/create): ``input`` a string or an array of objects, each item's ``type`` a string
+(an item without one is a message); a ``message`` item's ``role`` a string and its
+``content`` a string or an array of part objects whose ``type`` is a string; a client-executed
+call's and an output's ``call_id`` a string; a ``function_call``'s ``name`` and ``arguments``,
+a ``custom_tool_call``'s ``name`` and ``input`` strings; an output's text (``output``, a
+``program_output``'s ``result``) a string or an array of part objects; ``instructions`` a
+string; ``tools`` an array of objects whose ``type`` and ``name`` are strings. Null stands for
+absent; unknown fields and item types are not checked.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from ..errors import BadRequest
 from ..pipeline.model import NATIVE, OPAQUE_TOKENS, WIRE, Message
 from ..pipeline.native import COMPACTION, opaque_tokens
 from . import Parsed, json
-from .body import check_objects, json_type, load_object, require_model
+from .body import Shape, check_objects, conform, json_type, load_object, require_model
 from .responses_answer import ResponsesTap
 
 __all__ = ["RESPONSES", "ResponsesFormat", "chat_tools"]
@@ -58,6 +69,75 @@ _OUTPUT_KEY: Final = {"program_output": "result"}
 _PINNED: Final = frozenset({"additional_tools"})
 _LEADING_ROLES: Final = frozenset({"system", "developer"})
 _INSTRUCTIONS: Final = "instructions"  # the pseudo-item `instructions` is archived as
+
+
+class _Part(Shape):
+    type: str | None = None
+
+
+class _Item(Shape):
+    """What every item is read for: its ``type`` (absent: a message)."""
+
+    type: str | None = None
+
+
+class _MessageItem(Shape):
+    role: str | None = None
+    content: str | list[_Part] | None = None
+
+
+class _CallItem(Shape):
+    """A client-executed call, or an output: its ``call_id`` pairs them (a
+    ``local_shell_call_output`` has none: its ``id`` names the call)."""
+
+    call_id: str | None = None
+
+
+class _FunctionCall(_CallItem):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _CustomCall(_CallItem):
+    name: str | None = None
+    input: str | None = None
+
+
+class _Output(_CallItem):
+    output: str | list[_Part] | None = None
+
+
+class _ProgramOutput(_CallItem):
+    result: str | list[_Part] | None = None
+
+
+class _Tool(Shape):
+    type: str | None = None
+    name: str | None = None
+
+
+class _Body(Shape):
+    instructions: str | None = None
+    tools: list[_Tool] | None = None
+
+
+_SHAPES: Final[Mapping[str, type[Shape]]] = {
+    "message": _MessageItem,
+    **dict.fromkeys(_CLIENT_CALLS, _CallItem),
+    "function_call": _FunctionCall,
+    "custom_tool_call": _CustomCall,
+    **dict.fromkeys(_OUTPUTS, _Output),
+    "program_output": _ProgramOutput,
+}
+
+
+def _check_items(items: list[Any]) -> None:
+    """Each item as its type is read (an unknown type: only that ``type`` is a string)."""
+    for i, item in enumerate(items):
+        conform(item, _Item, ("input", i))
+        shape = _SHAPES.get(_kind(item))
+        if shape is not None:
+            conform(item, shape, ("input", i))
 
 
 def _kind(item: Any) -> str:
@@ -224,6 +304,9 @@ class ResponsesFormat:
             raise BadRequest(f"Invalid type for 'input': expected a string or an array, but got "
                              f"{json_type(given)} instead.", param="input")
         check_objects(items, "input", max_items, "items")
+        conform(body, _Body)
+        if isinstance(given, list):
+            _check_items(items)
         instructions = body.get("instructions")
         history, spans = _history(items, instructions)
         archived: list[Any] = list(items)

@@ -2,9 +2,20 @@
 
 The provider rejects a request whose tool messages are not paired with the calls that caused
 them ("An assistant message with 'tool_calls' must be followed by tool messages responding to
-each 'tool_call_id'", and the converse for a tool message without its call). Compaction, client
-edits and truncation can all produce such lists, so the proxy checks every outgoing list and
-repairs it rather than sending something that is certain to fail.
+each 'tool_call_id'", and the converse for a tool message without its call). The proxy's own
+changes (compaction evicting a call, eviction, the last resort) can produce such lists, so the
+proxy checks every outgoing list and repairs what *it* broke rather than send something that is
+certain to fail.
+
+It never repairs the client's own mistakes. :func:`validate` is given the client's list
+(``sent``): a break that list already has (an orphan result, an unanswered call, a
+``tool_calls`` the rules refuse) is left exactly as the client sent it, for the provider to
+judge; so a request nothing else changed goes upstream byte for byte, whatever its pairing.
+A break is the client's when the client's list has the same one: an orphan result with the
+same ``tool_call_id``, an unanswered call with the same id, as many times as the client's list
+has it (a cut result is a copy of the client's, with its id). A break of the proxy's making
+that happens to look like one of the client's is left alone too: the provider would refuse the
+client's own list for the same reason.
 
 Validity (what :func:`is_valid` checks and :func:`validate` guarantees on its output). The list
 is read as a sequence of *result blocks*: an ``assistant`` message followed by the maximal run of
@@ -22,7 +33,8 @@ is read as a sequence of *result blocks*: an ``assistant`` message followed by t
 * Nothing is checked across blocks: ids may repeat in later turns (some servers number calls
   ``call_0``, ``call_1``... in every turn), and a result is only ever matched within its block.
 
-Repairs, in order of the input (indices in the repair notes refer to the input list):
+Repairs of the proxy's breaks, in order of the input (indices in the repair notes refer to the
+input list):
 
 * malformed entries of ``tool_calls`` (not a dict, or no string ``id``) are dropped; a
   ``tool_calls`` that ends up empty (or was ``[]``, or was not a list) is removed, and a
@@ -53,7 +65,8 @@ are shallow copies. The input list and its dicts are never mutated.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,14 +155,27 @@ def _function_name(message: Message) -> str:
     return name if isinstance(name, str) and name else "unknown"
 
 
-def validate(messages: list[Message]) -> Validation:
-    """Check and, when needed, repair the pairing rules (see the module docstring).
+def validate(messages: list[Message], sent: Sequence[Message] | None = None) -> Validation:
+    """Check and, when needed, repair the pairing rules (see the module docstring); with
+    ``sent`` (the client's own list) only the breaks ``sent`` does not have are repaired.
 
-    A valid list is returned as the very same object with ``changed=False``.
+    A list left as it is is returned as the very same object with ``changed=False``.
     """
     if is_valid(messages):
         return Validation(messages, (), False)
+    tolerated: Counter[Hashable] = Counter()
+    if sent is not None:
+        if sent is messages:
+            return Validation(messages, (), False)
+        _repair(list(sent), tolerated, Counter())
+    return _repair(messages, Counter(), tolerated)
 
+
+def _repair(
+    messages: list[Message], breaks: Counter[Hashable], tolerated: Counter[Hashable]
+) -> Validation:
+    """The repair pass. Each break is counted in ``breaks`` (by what it is: the result's or
+    the call's id, the function's name); one that ``tolerated`` still counts is left as it is."""
     out: list[Message] = []
     repairs: list[str] = []
     # The open block: index of its assistant in the input, its call ids in order (with
@@ -159,12 +185,21 @@ def validate(messages: list[Message]) -> Validation:
     pending: dict[str, int] = {}
     function_name: str | None = None
 
+    def left_alone(key: Hashable) -> bool:
+        breaks[key] += 1
+        if tolerated[key] > 0:
+            tolerated[key] -= 1
+            return True
+        return False
+
     def close_block() -> None:
         nonlocal function_name
         for call_id in call_order:
             left = pending.get(call_id, 0)
             if left:
                 pending[call_id] = left - 1
+                if left_alone(("call", call_id)):
+                    continue
                 out.append({"role": "tool", "tool_call_id": call_id, "content": PLACEHOLDER})
                 repairs.append(
                     f"inserted a placeholder result for unanswered tool call {call_id!r} "
@@ -173,11 +208,12 @@ def validate(messages: list[Message]) -> Validation:
         call_order.clear()
         pending.clear()
         if function_name is not None:
-            out.append({"role": "function", "name": function_name, "content": PLACEHOLDER})
-            repairs.append(
-                f"inserted a placeholder result for unanswered function call {function_name!r} "
-                f"of message {owner}"
-            )
+            if not left_alone(("function_call", function_name)):
+                out.append({"role": "function", "name": function_name, "content": PLACEHOLDER})
+                repairs.append(
+                    f"inserted a placeholder result for unanswered function call "
+                    f"{function_name!r} of message {owner}"
+                )
             function_name = None
 
     for index, message in enumerate(messages):
@@ -188,6 +224,8 @@ def validate(messages: list[Message]) -> Validation:
             if left and isinstance(call_id, str):
                 pending[call_id] = left - 1
                 out.append(message)
+            elif left_alone(("tool", call_id if isinstance(call_id, str) else repr(call_id))):
+                out.append(message)
             else:
                 repairs.append(
                     f"dropped tool result {index} (tool_call_id {call_id!r}): no pending call"
@@ -197,25 +235,35 @@ def validate(messages: list[Message]) -> Validation:
             if function_name is not None:
                 function_name = None
                 out.append(message)
+            elif left_alone(("function",)):
+                out.append(message)
             else:
                 repairs.append(f"dropped function result {index}: no pending function_call")
             continue
 
         close_block()
         if role == "assistant":
-            message = _repair_calls(message, index, repairs)
+            fixed = _repair_calls(message, index, [])
+            if fixed is message or not left_alone(("calls",)):
+                message = _repair_calls(message, index, repairs)
             owner = index
-            calls = message.get("tool_calls")
-            if calls:
-                for call in calls:
-                    call_id = call["id"]
-                    call_order.append(call_id)
-                    pending[call_id] = pending.get(call_id, 0) + 1
+            for call in _calls(fixed):
+                call_order.append(call)
+                pending[call] = pending.get(call, 0) + 1
             if message.get("function_call") is not None:
                 function_name = _function_name(message)
         out.append(message)
     close_block()
+    if not repairs:
+        return Validation(messages, (), False)
     return Validation(out, tuple(repairs), True)
+
+
+def _calls(message: Message) -> list[str]:
+    """The ids of an assistant message's well-formed calls, in order."""
+    calls = message.get("tool_calls")
+    return [c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)] \
+        if isinstance(calls, list) else []
 
 
 def _repair_calls(message: Message, index: int, repairs: list[str]) -> Message:
@@ -253,7 +301,8 @@ class ValidateStage:
     name = "validate"
 
     def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
-        result = validate(messages)
+        # Only what the proxy's own changes broke is repaired: the client's list is the baseline.
+        result = validate(messages, request.messages)
         if result.changed:
             shown = "; ".join(result.repairs[:_SHOWN_REPAIRS])
             more = len(result.repairs) - _SHOWN_REPAIRS
