@@ -43,6 +43,15 @@ class ServerConfig(_Section):
         "to the tool outputs of the sessions active at once: below that, resent histories are "
         "re-tokenized.",
     )
+    pipeline_budget: int = Field(
+        64_000_000,
+        ge=0,
+        description="Work units (about one per character of text a stage looks at) one "
+        "request's pipeline may spend before it degrades: the file-aware rules give the results "
+        "not decided yet their stage-1 form (counted over the epoch, so every request of it "
+        "forwards the same prefix), token counts become estimates. A count, not a time: the "
+        "same history degrades the same way on any machine. 0: degrade at once.",
+    )
     shutdown_timeout_s: float = Field(
         30,
         ge=0,

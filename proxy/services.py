@@ -81,7 +81,7 @@ from .upstream.litellm_route import LitellmRouter
 from .upstream.thinking import ThinkingBindings
 from .writes import WritePolicy
 
-__all__ = ["Services", "files_url", "open_services"]
+__all__ = ["Services", "cache_split", "files_url", "open_services"]
 
 log = logging.getLogger("proxy")
 
@@ -201,6 +201,14 @@ class Services:
         await asyncio.to_thread(self.store.close)
 
 
+def cache_split(cache_bytes: int) -> dict[str, int]:
+    """``server.cache_mb`` (in bytes) shared out among the caches keyed by content: token
+    counts, cuts, message digests, the read rounds put back. Together they take
+    ``cache_bytes``: the README's memory bound (Limits) is this sum."""
+    return {"tokens": cache_bytes * 2 // 5, "cuts": cache_bytes * 7 // 20,
+            "digests": cache_bytes // 5, "rounds": cache_bytes // 20}
+
+
 def files_url(config: Config) -> str:
     base = config.server.public_url or f"http://{config.server.host}:{config.server.port}"
     return base.rstrip("/") + "/files"
@@ -285,15 +293,16 @@ async def open_services(
         [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
     )
     ensure_tiktoken_offline()
-    cache = config.server.cache_mb * 1024 * 1024
+    caches = cache_split(config.server.cache_mb * 1024 * 1024)
     try:
-        store = await asyncio.to_thread(open_backend, storage, digest_cache_bytes=cache // 5)
+        store = await asyncio.to_thread(open_backend, storage,
+                                        digest_cache_bytes=caches["digests"])
     except BaseException:
         await upstream.close()
         await telemetry.close()
         raise
     originals = store.originals
-    counter = RequestCounter(TokenCounter(), cache_chars=cache * 2 // 5)
+    counter = RequestCounter(TokenCounter(), cache_chars=caches["tokens"])
     windows = ContextWindows(config.compaction.context_windows)
     capabilities = capabilities_of(config)
     usage = DiskUsage(storage.data_dir, store.tenant_sizes)
@@ -339,11 +348,11 @@ async def open_services(
                                   calls=calls)
     # The proxy's read rounds, put back on later turns: only while the proxy runs the tool (a
     # replayed call of a tool the request does not define would be refused).
-    replays = Replays(store.rounds, cache_bytes=cache // 20)
+    replays = Replays(store.rounds, cache_bytes=caches["rounds"])
     replays.enabled = config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0
     pipeline = Pipeline(
         offloader=Offloader(config.offload, config.retrieval, storage.data_dir,
-                            files_url=files_url(config), cache_bytes=cache * 2 // 5),
+                            files_url=files_url(config), cache_bytes=caches["cuts"]),
         planner=Planner(config.compaction, counter, windows, read_tool),
         compactor=compactor,
         counter=counter,

@@ -410,7 +410,10 @@ class Offloader:
                                                   request.identity.session, text).rid, text))
             kinds[form.kind] = kinds.get(form.kind, 0) + 1
             saved += len(text) - len(form.text)
+        work = request.work
         for i, text in texts.items():
+            if work is not None:
+                work.spend(len(text))
             m = messages[i]
             policy = policies.get(i)
             if i in forms or (policy is not None and policy.protect):
