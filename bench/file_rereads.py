@@ -89,7 +89,7 @@ async def run(args: argparse.Namespace) -> None:
     if args.off:
         offload = {"reread_deltas": False, "supersede_reads": False, "dedupe": False}
     bodies = [(f"{mb:g} MB re-reads", rereads(int(mb * MB), args.lines))
-              for mb in (float(x) for x in args.sizes.split(","))]
+              for mb in (float(x) for x in args.sizes.split(",") if x)]
     if args.calls:
         bodies.append((f"{args.calls} calls", many_calls(args.calls)))
     server: dict[str, Any] = {"max_body_mb": 64, "max_messages": 1_000_000}

@@ -183,9 +183,33 @@ def _strip_numbers(text: str) -> str:
     return _NUMBERS.sub("", text)
 
 
-def _again(history: Sequence[Message], read: FileRead) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """The call that reads ``read``'s lines again."""
-    found = _call(history, read.call_index, read.call_id)
+def _calls_of(history: Sequence[Message], index: int) -> dict[str, tuple[str, str]]:
+    """call id -> (name, raw arguments) of the calls of the assistant message at ``index``:
+    for each id the first call with a named function, as :func:`_call` finds it."""
+    out: dict[str, tuple[str, str]] = {}
+    if not 0 <= index < len(history):
+        return out
+    for call in history[index].get("tool_calls") or ():
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str) or call["id"] in out:
+            continue
+        fn = call.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            args = fn.get("arguments")
+            out[call["id"]] = (fn["name"], args if isinstance(args, str) else "")
+    return out
+
+
+def _again(history: Sequence[Message], read: FileRead,
+           calls: dict[int, dict[str, tuple[str, str]]] | None = None,
+           ) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The call that reads ``read``'s lines again; ``calls`` keeps each message's calls by id
+    (many reads of one message: each found in O(1))."""
+    if calls is None:
+        found = _call(history, read.call_index, read.call_id)
+    else:
+        if read.call_index not in calls:
+            calls[read.call_index] = _calls_of(history, read.call_index)
+        found = calls[read.call_index].get(read.call_id)
     name, raw = found if found is not None else (read.tool, "")
     try:
         args = orjson.loads(raw) if raw.lstrip().startswith("{") else None
@@ -299,6 +323,7 @@ def superseded(
         if path not in spellings[_basename(path)]:
             spellings[_basename(path)].append(path)
     compatible: dict[str, list[str]] = {}
+    calls: dict[int, dict[str, tuple[str, str]]] = {}
     out: dict[int, Supersession] = {}
     for r in reads:
         i = r.result_index
@@ -330,7 +355,7 @@ def superseded(
         if text is None or _quoted(text, (e for _, e in edits)):
             continue
         change = max(edits, key=lambda kc: kc[0], default=None)
-        again_tool, again_args = _again(history, r)
+        again_tool, again_args = _again(history, r, calls)
         if covering is not None and (change is None or covering[0] > change[0]):
             by = covering[1]
             why: tuple[Any, str, str, int] = ("read", by.tool, by.call_id, by.call_index)
