@@ -203,10 +203,13 @@ class Services:
 
 def cache_split(cache_bytes: int) -> dict[str, int]:
     """``server.cache_mb`` (in bytes) shared out among the caches keyed by content: token
-    counts, cuts, message digests, the read rounds put back. Together they take
-    ``cache_bytes``: the README's memory bound (Limits) is this sum."""
-    return {"tokens": cache_bytes * 2 // 5, "cuts": cache_bytes * 7 // 20,
-            "digests": cache_bytes // 5, "rounds": cache_bytes // 20}
+    counts, cuts, message digests, the read rounds put back, and the file-aware rules'
+    memos (calls parsed, decisions per epoch, policies matched, quote protection's working
+    sets). Each is bounded by what its entries pin; together they take ``cache_bytes``: the
+    README's memory bound (Limits) is this sum."""
+    return {"tokens": cache_bytes * 7 // 20, "cuts": cache_bytes * 7 // 20,
+            "digests": cache_bytes // 5, "rounds": cache_bytes // 20,
+            "memos": cache_bytes // 20}
 
 
 def files_url(config: Config) -> str:
@@ -352,7 +355,8 @@ async def open_services(
     replays.enabled = config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0
     pipeline = Pipeline(
         offloader=Offloader(config.offload, config.retrieval, storage.data_dir,
-                            files_url=files_url(config), cache_bytes=caches["cuts"]),
+                            files_url=files_url(config), cache_bytes=caches["cuts"],
+                            memo_bytes=caches["memos"]),
         planner=Planner(config.compaction, counter, windows, read_tool),
         compactor=compactor,
         counter=counter,

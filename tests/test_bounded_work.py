@@ -317,3 +317,53 @@ def test_cancelled_is_not_an_exception_a_stage_swallows() -> None:
         except Exception:  # what the runner's stage guard catches
             pytest.fail("Cancelled was caught as an Exception")
     assert threading.current_thread() is threading.main_thread()
+
+
+# -- the caches' bounds ----------------------------------------------------------------------
+
+
+def test_the_content_caches_add_up_to_cache_mb() -> None:
+    from proxy.services import cache_split
+
+    for mb in (8, 32, 512):
+        split = cache_split(mb * 1024 * 1024)
+        assert sum(split.values()) <= mb * 1024 * 1024
+        assert set(split) == {"tokens", "cuts", "digests", "rounds", "memos"}
+
+
+def _pinned(cache: Any) -> int:
+    """The characters of the keys a cache of calls pins (their arguments)."""
+    return sum(len(k[1]) for k, _ in cache.items())
+
+
+def test_parsed_calls_and_policies_are_bounded_by_what_they_pin() -> None:
+    """A Write call's arguments hold a whole file: 65,536 of them was the old bound."""
+    from proxy.config import OffloadConfig
+    from proxy.pipeline.files import CallCache
+    from proxy.pipeline.policies import Policies
+
+    budget = 1024 * 1024
+    calls = CallCache({}, budget)
+    policies = Policies(OffloadConfig().policies, cache_bytes=budget)
+    for k in range(64):
+        args = orjson.dumps({"file_path": f"/r/f{k}.py", "content": f"{k}" * 100_000}).decode()
+        calls.files("Write", args, f"c{k}", 1)
+        policies.of_call("Write", args)
+    assert 0 < _pinned(calls._parsed) <= budget
+    assert 0 < _pinned(policies._calls) <= budget
+
+
+def test_the_epochs_decisions_are_bounded_by_what_they_pin(tmp_path: Path) -> None:
+    from proxy.pipeline.filewise import FileForms
+
+    off = offloader(tmp_path)
+    off.filewise = FileForms(off.config, cache_bytes=3 * 64 * 1024)
+    for s in range(40):  # forty sessions, each an epoch of decided results
+        history = rereading(40)
+        ident = Identity("t", f"s{s}", None)
+        req = RequestView(model="gpt-4o", body={"messages": history}, identity=ident,
+                          chains=chain_hashes(history), history=history)
+        off.run(history, req, aged_turns=0, seen=0)
+    epochs = off.filewise._epochs
+    assert 0 < len(epochs) < 40
+    assert epochs.size <= 64 * 1024

@@ -98,6 +98,14 @@ def plain_lines(body: str) -> tuple[int, str] | None:
 
 
 _EpochKey = tuple[str, str, int, str, int]
+# What a decision or a mark costs besides a form's text: its chain (a 32-byte hex key), the
+# tuple, the Form, the dict slot; a Supersession with its strings.
+_DECISION = 200
+_MARK = 600
+
+
+def _memo_size(memo: Mapping[str, tuple[Form | None, int]]) -> int:
+    return 64 + sum(_DECISION + (len(f.text) if f is not None else 0) for f, _ in memo.values())
 
 
 @dataclass(slots=True)
@@ -130,13 +138,17 @@ class FileForms:
     """The file-aware forms of a session's results, per epoch (one instance per process: its
     caches are bounded)."""
 
-    def __init__(self, config: OffloadConfig) -> None:
+    def __init__(self, config: OffloadConfig, *, cache_bytes: int = 48 * 1024 * 1024) -> None:
         self.config = config
         self.enabled = config.supersede_reads or config.reread_deltas or config.dedupe
-        self.calls = CallCache(config.read_tools)
+        # A third each: the calls' parses, the decisions, the epochs' superseded reads; each
+        # sized by what its entries pin (a decision holds its form's text).
+        self.calls = CallCache(config.read_tools, cache_bytes // 3)
         # (tenant, session, seen, chain at seen, first) -> a result's chain -> its form
-        self._epochs: LRU[_EpochKey, dict[str, tuple[Form | None, int]]] = LRU(4096)
-        self._marks: LRU[_EpochKey, Mapping[int, Supersession]] = LRU(4096)
+        self._epochs: LRU[_EpochKey, dict[str, tuple[Form | None, int]]] = LRU(
+            cache_bytes // 3, lambda _, memo: _memo_size(memo))
+        self._marks: LRU[_EpochKey, Mapping[int, Supersession]] = LRU(
+            cache_bytes // 3, lambda _, marks: 64 + _MARK * len(marks))
 
     def undecided(self, history: Sequence[Message], request: RequestView, *, seen: int,
                   first: int) -> bool:
@@ -194,9 +206,9 @@ class FileForms:
         budget = work.budget if work is not None else DEFAULT_BUDGET
         key = self._key(request, seen, first)
         memo = self._epochs.get(key)
+        known = 0 if memo is None else len(memo)
         if memo is None:
             memo = {}
-            self._epochs.put(key, memo)
         state: _State | None = None
         whole: dict[int, bool] = {}
         order: list[int] = []  # the results found whole, in history order
@@ -239,6 +251,8 @@ class FileForms:
             whole[i] = form is None and not aged(i) and stays_whole(i, text)
             if whole[i]:
                 order.append(i)
+        if len(memo) != known or known == 0:
+            self._epochs.put(key, memo)  # (again: its size is what it pins now)
         return forms
 
     def _state(self, history: Sequence[Message], request: RequestView) -> _State:
