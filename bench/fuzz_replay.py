@@ -156,6 +156,7 @@ async def replay(args: argparse.Namespace) -> None:
                 values.append(ms)
             if runner is not None:
                 await runner.drain()
+                account(runner.state["services"])
         finally:
             if runner is not None:
                 await runner.stop()
@@ -164,6 +165,35 @@ async def replay(args: argparse.Namespace) -> None:
                 server.__exit__(None, None, None)
     access.removeHandler(timings)
     summarize(indices, sizes, values, args)
+
+
+def account(svc: Any) -> None:
+    """What the bounded caches hold now, by their own measure (bytes or characters pinned),
+    against their bounds."""
+    off = svc.pipeline.offloader
+    rows = [
+        ("token counts (chars)", svc.pipeline.counter._texts),
+        ("cuts", off._cache),
+        ("file-aware decisions", off.filewise._epochs),
+        ("superseded marks", off.filewise._marks),
+        ("parsed calls", off.filewise.calls._parsed),
+        ("policies matched", off.policies._calls),
+        ("quote working sets", off._working),
+        ("read rounds", svc.replays._known),
+    ]
+    dialog = getattr(svc.store, "dialog", None)
+    if dialog is not None and getattr(dialog, "digest_cache", None) is not None:
+        rows.append(("message digests", dialog.digest_cache._data))
+    records = getattr(svc.compactor, "_records", None)
+    if records is not None:
+        rows.append(("summaries", records))
+    total = 0
+    print("caches (held / bound, MiB):")
+    for name, cache in rows:
+        total += cache.size
+        print(f"  {name:<22} {cache.size / MB:8.1f} / {cache._maxsize / MB:8.1f}"
+              f"  ({len(cache)} entries)")
+    print(f"  {'together':<22} {total / MB:8.1f}")
 
 
 def cache_total(cache_mb: int) -> float:

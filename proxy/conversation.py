@@ -236,6 +236,8 @@ class Conversation:
 
             svc.ledger.finish(ticket, parsed=parsed, chains=chains, raw=raw, result=result,
                               calls=calls, writes=writes, large=large, done=recorded)
+            if large:
+                svc.heap.after_large()
 
 
 async def _via_reads(

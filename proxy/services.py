@@ -20,6 +20,7 @@
       background               work after the response, drained on shutdown (and by tests)
       gc                       expiry and disk measurement, at start-up and hourly
       telemetry                OpenTelemetry spans per request (off: a null object, no import)
+      heap                     the C heap's free pages handed back after large requests
 
 None of them is optional: a feature that is off, or a store that cannot be opened, is a null
 object with the same methods. Nothing here is a module global: :func:`open_services` builds them
@@ -45,6 +46,7 @@ from .compaction.compactor import Compactor, NullCompactor
 from .compaction.planner import Planner
 from .compaction.windows import ContextWindows
 from .config import Config, LedgerConfig, PriceConfig
+from .heap import Trimmer, limit_arenas
 from .ledger.calls import CallSink
 from .ledger.prices import Price, Prices
 from .ledger.service import Ledger, NullLedger
@@ -155,6 +157,7 @@ class Services:
     gc: Periodic
     telemetry: Telemetry  # spans per request; NullTelemetry when off
     capabilities: Capabilities  # what each model's API accepts (proxy.catalog)
+    heap: Trimmer  # hands the C heap's free pages back after large requests (proxy.heap)
 
     def upstream_of(self, fmt: str) -> tuple[Upstream, Forwarder]:
         """The upstream a wire format goes to: Anthropic's for Messages, else the OpenAI one."""
@@ -281,6 +284,7 @@ async def open_services(
 ) -> Services:
     """The app's services; ``calls`` is told of the summarizer and fold calls made on a
     session's behalf (the ledger)."""
+    limit_arenas()  # before the worker threads exist (proxy.heap)
     gate = gate if gate is not None else Gate(config.auth)
     metrics = metrics or Metrics()
     # First: a telemetry the installation cannot provide stops the start before anything opens.
@@ -390,7 +394,7 @@ async def open_services(
         readers=readers, thinking=ThinkingBindings(store.sessions, metrics, background),
         replays=replays, ledger=ledger, writes=writes, usage=usage, background=background,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
-        telemetry=telemetry, capabilities=capabilities,
+        telemetry=telemetry, capabilities=capabilities, heap=Trimmer(),
     )
     services.gc.start(services.collect_garbage)
     return services
