@@ -275,6 +275,8 @@ class DedupIndex:
             line = _identical_line(same, count_lines(text), where)
             if len(line.encode("utf-8", "surrogatepass")) < len(data):
                 return Dedup(line, (), same)
+        if not self._sized:
+            return None  # no earlier output holds a span: its windows need not be hashed
 
         mine = _Lines(data)
         own = mine.lines
