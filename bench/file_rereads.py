@@ -13,7 +13,9 @@ through a proxy in process in front of the fake upstream (``gpt-4o``: 128k token
 re-read bodies compact). It prints per body its size, the pipeline time (the
 ``x-ctxproxy-pipeline-ms`` header), the whole request's time, the pipeline's work
 (``x-ctxproxy-work``: units of :mod:`proxy.pipeline.work`), whether the budget degraded it,
-and the ratio to the previous size (linear: the size ratio, 2.0 here). ``--off`` switches the
+and the ratio to the previous size (linear: the size ratio, 2.0 here). Every re-read's original
+is kept (fsynced: ms each on a busy disk, linear in the reads); ``--shm`` puts the data on a
+tmpfs to see the pipeline's CPU alone. ``--off`` switches the
 three rules off (``offload.reread_deltas``, ``supersede_reads``, ``dedupe``) for the baseline
 the issue compares with.
 """
@@ -98,7 +100,8 @@ async def run(args: argparse.Namespace) -> None:
     print(f"rules {'off' if args.off else 'on'}; {args.lines} lines a file", flush=True)
     print(f"{'body':<22} {'bytes':>10} {'pipeline_ms':>12} {'request_ms':>11} {'work':>10} "
           f"{'degraded':>8} {'x prev':>7}")
-    with serve_in_thread(fake) as upstream, tempfile.TemporaryDirectory() as tmp:
+    where = "/dev/shm" if args.shm and Path("/dev/shm").is_dir() else None
+    with serve_in_thread(fake) as upstream, tempfile.TemporaryDirectory(dir=where) as tmp:
         config = config_from_mapping({
             "upstream": {"base_url": upstream.url + "/v1", "timeout_s": 600},
             "anthropic": {"base_url": upstream.url},
@@ -134,6 +137,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--off", action="store_true")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--shm", action="store_true",
+                        help="data under /dev/shm (tmpfs: fsync is free), to see the CPU alone")
     parser.add_argument("--budget", type=int, default=None,
                         help="server.pipeline_budget (work units); default: the config's")
     asyncio.run(run(parser.parse_args()))

@@ -121,6 +121,7 @@ class _State:
     bodies: dict[int, str]
     work: Work | None
     fed: int = 0  # how many of the whole results the indices were told of
+    marks: Mapping[int, Supersession] | None = None  # the epoch's superseded reads
 
     def catch_up(self, history: Sequence[Message], order: Sequence[int],
                  whole: Mapping[int, bool]) -> None:
@@ -275,12 +276,15 @@ class FileForms:
         c = self.config
         prov = state.prov
         if i < seen and c.supersede_reads and utf8_len(text) >= MARK_MIN_BYTES:
-            marks = self._marks.get(key)
+            # Kept by the request too: marks too large for the cache are made once a request,
+            # not once a result.
+            marks = state.marks if state.marks is not None else self._marks.get(key)
             if marks is None:
                 if state.work is not None:
                     state.work.spend(len(prov.reads) + len(prov.edits))
                 marks = superseded(history, prov, seen)
                 self._marks.put(key, marks)
+            state.marks = marks
             found = marks.get(i)
             if found is not None:
                 return Form(found.kind, marker(found, saved=saved(text))), 0
