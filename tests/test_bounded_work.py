@@ -12,11 +12,14 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import proxy.conversation
 from proxy.app import create_app
 from proxy.config import OffloadConfig, RetrievalConfig
 from proxy.pipeline import dedupe, rereads
+from proxy.pipeline.files import provenance
 from proxy.pipeline.model import RequestView, result_text
 from proxy.pipeline.offload import Offloader
 from proxy.pipeline.work import Cancelled, Work
@@ -25,8 +28,8 @@ from proxy.store.chains import chain_hashes
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.testing.inprocess import InProcess
 
-from .conftest import proxy_config
-from .test_filewise import _kind
+from .conftest import examples, proxy_config
+from .test_filewise import _kind, session
 
 IDENT = Identity("t", "s", None)
 
@@ -390,3 +393,42 @@ def test_the_epochs_superseded_reads_are_found_once_a_request(
     out = off.run(history, view(history), aged_turns=0, seen=len(history) - 2)
     assert any(_kind(result_text(m.get("content")) or "") == "marker" for m in out.messages)
     assert calls[0] == 1
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(st.integers(0, 10**6), st.integers(4, 40), st.data())
+def test_the_reread_index_answers_as_reread(seed: int, steps: int, data: st.DataObject) -> None:
+    """Rereads (an index, O(log n) a result) against reread() (a pass over every read), on
+    generated coding sessions with results found whole at random."""
+    history = session(seed, steps)
+    prov = provenance(history, {})
+    index = rereads.Rereads(history, prov, rereads.turns_upto(history, len(history)))
+    whole: set[int] = set()
+    for i, m in enumerate(history):
+        if m.get("role") != "tool":
+            continue
+        expected = rereads.reread(history, prov, i, forwarded_whole=lambda j: j in whole)
+        assert index.find(i) == expected
+        if data.draw(st.booleans()):
+            whole.add(i)
+            index.whole(i)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d", "e" * 40, "f" * 80]), min_size=1,
+                max_size=60), st.integers(1, 8), st.integers(0, 6))
+def test_the_dedup_index_answers_as_duplicate(
+    lines: list[str], outputs: int, calls: int
+) -> None:
+    """DedupIndex (each earlier output hashed once) against duplicate() (all hashed per
+    call), outputs made of repeated lines, some sharing a call id."""
+    texts = ["".join(f"{line} {k % 3}\n" for k, line in enumerate(lines[n:] + lines[:n]))
+             for n in range(outputs)]
+    earlier: list[dedupe.Earlier] = []
+    index = dedupe.DedupIndex(min_bytes=64, budget_bytes=2048)
+    for n, text in enumerate(texts):
+        expected = dedupe.duplicate(text, earlier, min_bytes=64, budget_bytes=2048)
+        assert index.duplicate(text) == expected
+        e = dedupe.Earlier(n, f"c{n % (calls + 1)}", n + 1, text)
+        earlier.append(e)
+        index.add(e)
