@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from starlette.types import Receive, Scope, Send
 
@@ -25,12 +26,14 @@ __all__ = [
     "read_body",
     "refuse_websocket",
     "run_until_disconnect",
+    "run_watching",
     "send_error",
     "send_whole",
     "timing_of",
 ]
 
 Headers = list[tuple[bytes, bytes]]
+T = TypeVar("T")
 
 JSON_CT = (b"content-type", b"application/json")
 # Compressed bodies up to this size are decoded on the event loop (well under a millisecond).
@@ -115,6 +118,22 @@ async def run_until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
     finally:
         watcher.cancel()
     return False
+
+
+async def run_watching(receive: Receive, work: Awaitable[T], on_gone: Callable[[], None]) -> T:
+    """Await ``work``, calling ``on_gone`` if the client disconnects meanwhile (the body has
+    been read: the next ``receive()`` only ever yields the disconnect). ``work`` is not
+    cancelled: it is told (``on_gone`` sets its flag) and stops at its next check, so an
+    effect it is carrying out (an original being written) is finished, not torn."""
+    async def watch() -> None:
+        await _wait_disconnect(receive)
+        on_gone()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await work
+    finally:
+        watcher.cancel()
 
 
 class Timing:

@@ -39,9 +39,20 @@ class ServerConfig(_Section):
         512,
         ge=8,
         description="Memory (MiB) for the in-process caches keyed by message content (token "
-        "counts 40%, cuts 40%, message digests 20%); they pin the originals they hold. Size it "
+        "counts 35%, cuts 35%, message digests 20%, read rounds 5%, the file-aware rules' "
+        "memos 5%), each bounded by what its entries pin (the originals they hold). Size it "
         "to the tool outputs of the sessions active at once: below that, resent histories are "
-        "re-tokenized.",
+        "re-tokenized. The process's resident memory is about this plus the requests in "
+        "flight (README Limits).",
+    )
+    pipeline_budget: int = Field(
+        64_000_000,
+        ge=0,
+        description="Work units (about one per character of text a stage looks at) one "
+        "request's pipeline may spend before it degrades: the file-aware rules give the results "
+        "not decided yet their stage-1 form (counted over the epoch, so every request of it "
+        "forwards the same prefix), token counts become estimates. A count, not a time: the "
+        "same history degrades the same way on any machine. 0: degrade at once.",
     )
     shutdown_timeout_s: float = Field(
         30,

@@ -17,13 +17,22 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from .asgi import JSON_CT, Headers, read_body, run_until_disconnect, send_whole, timing_of
+from .asgi import (
+    JSON_CT,
+    Headers,
+    read_body,
+    run_until_disconnect,
+    run_watching,
+    send_whole,
+    timing_of,
+)
 from .formats import Format, Tap
 from .formats.chat import CHAT, ChatTap
 from .ledger.entry import LedgerEntry
 from .ledger.service import RequestCalls
 from .metrics import Metrics
 from .pipeline.model import PipelineResult, RequestView
+from .pipeline.work import Cancelled, Work
 from .retrieval.loop import Finish, ReadLoop, Rounds
 from .routes import caller_of, header_map, services_of
 from .services import Services
@@ -60,6 +69,9 @@ def ctx_headers(identity: Identity, result: PipelineResult, raw: bytes, out: byt
         (b"x-ctxproxy-tokens-out", str(tokens_out).encode()),
         (b"x-ctxproxy-offloaded", str(stats.get("offloaded", 0)).encode()),
         (b"x-ctxproxy-compacted", b"1" if stats.get("compacted", 0) else b"0"),
+        (b"x-ctxproxy-pipeline-ms", f"{result.elapsed_ms:.1f}".encode()),
+        (b"x-ctxproxy-work", str(stats.get("work", 0)).encode()),
+        (b"x-ctxproxy-degraded", b"1" if stats.get("degraded") else b"0"),
     ]
 
 
@@ -96,15 +108,29 @@ class Conversation:
         chains = await _cpu(huge, svc.archive.chains, sent)
         # The archive reads the session row anyway: its thinking flag comes with it.
         dropped = await svc.archive.record_request(identity, sent, chains, writes)
+        meter = Work(svc.config.server.pipeline_budget)
         view = RequestView(
             model=parsed.model, body=body, identity=identity,
             # A history kept upstream is slimmed but never compacted here.
             chains=() if parsed.continued else parsed.message_chains(chains),
             headers=scope["headers"], writes=writes, history=parsed.history,
-            tools=parsed.tools, large=large, api=fmt.name,
+            tools=parsed.tools, large=large, api=fmt.name, work=meter,
         )
-        result = await svc.pipeline.run(view)
+        try:
+            result = await run_watching(receive, svc.pipeline.run(view), meter.cancel)
+        except Cancelled:
+            # Nothing was forwarded: what the pipeline held for this request is let go (staged
+            # originals deleted), as for a client that leaves during the upstream call.
+            writes.finish(disconnected=True)
+            span.end(disconnected=True)
+            span.close()
+            svc.metrics.pipeline_cancelled.inc()
+            log.info("client disconnected during the pipeline; its work stopped after %d units "
+                     "(session %s)", meter.spent, identity.session)
+            return
         timing_of(scope).pipeline_ms = result.elapsed_ms
+        if meter.degraded:
+            svc.metrics.pipeline_degraded.inc()
         _count(svc.metrics, result.stats)
         span.set_pipeline(result)
         forwarded = result.messages if result.changed else parsed.history
@@ -211,6 +237,8 @@ class Conversation:
 
             svc.ledger.finish(ticket, parsed=parsed, chains=chains, raw=raw, result=result,
                               calls=calls, writes=writes, large=large, done=recorded)
+            if large:
+                svc.heap.after_large()
 
 
 async def _via_reads(

@@ -51,6 +51,13 @@ class Metrics:
         self.pipeline_seconds = Histogram("ctxproxy_pipeline_seconds",
                                           "Time spent in the context pipeline per chat request.",
                                           buckets=_LATENCY, registry=r)
+        self.pipeline_degraded = Counter(
+            "ctxproxy_pipeline_degraded",
+            "Requests whose pipeline spent its work budget and degraded "
+            "(server.pipeline_budget).", registry=r)
+        self.pipeline_cancelled = Counter(
+            "ctxproxy_pipeline_cancelled",
+            "Requests whose pipeline work stopped because the client disconnected.", registry=r)
         self.tokens_in = Counter("ctxproxy_tokens_in", "Tokens the clients sent.", registry=r)
         self.tokens_out = Counter("ctxproxy_tokens_out", "Tokens forwarded upstream.", registry=r)
         self.offloaded = Counter("ctxproxy_offloaded_results",

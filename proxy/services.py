@@ -21,6 +21,7 @@
       background               work after the response, drained on shutdown (and by tests)
       gc                       expiry and disk measurement, at start-up and hourly
       telemetry                OpenTelemetry spans per request (off: a null object, no import)
+      heap                     the C heap's free pages handed back after large requests
 
 None of them is optional: a feature that is off, or a store that cannot be opened, is a null
 object with the same methods. Nothing here is a module global: :func:`open_services` builds them
@@ -46,6 +47,7 @@ from .compaction.compactor import Compactor, NullCompactor
 from .compaction.planner import Planner
 from .compaction.windows import ContextWindows
 from .config import Config, LedgerConfig, PriceConfig
+from .heap import Trimmer, limit_arenas
 from .ledger.calls import CallSink
 from .ledger.prices import Price, Prices
 from .ledger.service import Ledger, NullLedger
@@ -83,7 +85,7 @@ from .upstream.providers import Upstreams
 from .upstream.thinking import ThinkingBindings
 from .writes import WritePolicy
 
-__all__ = ["Services", "files_url", "open_services"]
+__all__ = ["Services", "cache_split", "files_url", "open_services"]
 
 log = logging.getLogger("proxy")
 
@@ -154,6 +156,7 @@ class Services:
     gc: Periodic
     telemetry: Telemetry  # spans per request; NullTelemetry when off
     capabilities: Capabilities  # what each model's API accepts (proxy.catalog)
+    heap: Trimmer  # hands the C heap's free pages back after large requests (proxy.heap)
 
     def upstream_of(self, fmt: str) -> tuple[Upstream, Forwarder]:
         """The upstream a wire format goes to: Anthropic's for Messages, else the OpenAI one."""
@@ -195,6 +198,17 @@ class Services:
         await self.telemetry.close()
         await self.upstreams.close()
         await asyncio.to_thread(self.store.close)
+
+
+def cache_split(cache_bytes: int) -> dict[str, int]:
+    """``server.cache_mb`` (in bytes) shared out among the caches keyed by content: token
+    counts, cuts, message digests, the read rounds put back, and the file-aware rules'
+    memos (calls parsed, decisions per epoch, policies matched, quote protection's working
+    sets). Each is bounded by what its entries pin; together they take ``cache_bytes``: the
+    README's memory bound (Limits) is this sum."""
+    return {"tokens": cache_bytes * 7 // 20, "cuts": cache_bytes * 7 // 20,
+            "digests": cache_bytes // 5, "rounds": cache_bytes // 20,
+            "memos": cache_bytes // 20}
 
 
 def files_url(config: Config) -> str:
@@ -266,6 +280,7 @@ async def open_services(
 ) -> Services:
     """The app's services; ``calls`` is told of the summarizer and fold calls made on a
     session's behalf (the ledger)."""
+    limit_arenas()  # before the worker threads exist (proxy.heap)
     gate = gate if gate is not None else Gate(config.auth)
     metrics = metrics or Metrics()
     # First: a telemetry the installation cannot provide stops the start before anything opens.
@@ -281,15 +296,16 @@ async def open_services(
         [r.model_dump() for r in config.model_list], timeout_s=config.upstream.timeout_s
     )
     ensure_tiktoken_offline()
-    cache = config.server.cache_mb * 1024 * 1024
+    caches = cache_split(config.server.cache_mb * 1024 * 1024)
     try:
-        store = await asyncio.to_thread(open_backend, storage, digest_cache_bytes=cache // 5)
+        store = await asyncio.to_thread(open_backend, storage,
+                                        digest_cache_bytes=caches["digests"])
     except BaseException:
         await upstreams.close()
         await telemetry.close()
         raise
     originals = store.originals
-    counter = RequestCounter(TokenCounter(), cache_chars=cache * 2 // 5)
+    counter = RequestCounter(TokenCounter(), cache_chars=caches["tokens"])
     windows = ContextWindows(config.compaction.context_windows)
     capabilities = capabilities_of(config)
     usage = DiskUsage(storage.data_dir, store.tenant_sizes)
@@ -334,11 +350,12 @@ async def open_services(
                                   calls=calls)
     # The proxy's read rounds, put back on later turns: only while the proxy runs the tool (a
     # replayed call of a tool the request does not define would be refused).
-    replays = Replays(store.rounds, cache_bytes=cache // 20)
+    replays = Replays(store.rounds, cache_bytes=caches["rounds"])
     replays.enabled = config.retrieval.mode == "proxy" and config.retrieval.max_rounds > 0
     pipeline = Pipeline(
         offloader=Offloader(config.offload, config.retrieval, storage.data_dir,
-                            files_url=files_url(config), cache_bytes=cache * 2 // 5),
+                            files_url=files_url(config), cache_bytes=caches["cuts"],
+                            memo_bytes=caches["memos"]),
         planner=Planner(config.compaction, counter, windows, read_tool),
         compactor=compactor,
         counter=counter,
@@ -371,7 +388,7 @@ async def open_services(
         readers=readers, thinking=ThinkingBindings(store.sessions, metrics, background),
         replays=replays, ledger=ledger, writes=writes, usage=usage, background=background,
         counters=counters, gc=Periodic(GC_INTERVAL_S),
-        telemetry=telemetry, capabilities=capabilities,
+        telemetry=telemetry, capabilities=capabilities, heap=Trimmer(),
     )
     services.gc.start(services.collect_garbage)
     return services

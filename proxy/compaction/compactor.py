@@ -62,6 +62,9 @@ __all__ = ["Compactor", "FactsSink", "NullCompactor"]
 
 log = logging.getLogger("proxy.pipeline")
 
+# The summaries kept in memory (the store has them all).
+_RECORDS_BYTES = 16 * 1024 * 1024
+
 FlightKey = tuple[str, str, str]  # tenant, session, chain of the last replaced message
 
 CLAIM_POLL_S = 0.05  # how often a replica waiting on another's claim looks for the summary
@@ -99,7 +102,9 @@ class Compactor:
         self.client = client
         self.windows = windows
         self.index = SummaryIndex(summaries)
-        self._records: LRU[FlightKey, SummaryRecord] = LRU(4096)
+        # Sized by the summary text each pins (and its dialog spans).
+        self._records: LRU[FlightKey, SummaryRecord] = LRU(
+            _RECORDS_BYTES, lambda _, rec: 600 + len(rec.text) + 100 * len(rec.span))
         self._flights: dict[FlightKey, asyncio.Future[SummaryRecord]] = {}
         self._prepared = PreparedCompactions()
         self.compactions = 0

@@ -84,6 +84,23 @@ class RequestCounter:
         return self.request(messages, model, tools)
 
 
+def estimate(messages: Sequence[Message]) -> int:
+    """Tokens at 4 characters each (the count stage over the work budget): the text of each
+    message's content and calls, without tokenizing."""
+    chars = 0
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(p.get("text") or "") for p in content
+                         if isinstance(p, dict) and isinstance(p.get("text"), str))
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if isinstance(calls, list):
+            chars += sum(len(str(c)) for c in calls)
+    return chars // 4 + 4 * len(messages) + REPLY_PRIMING
+
+
 class CountStage:
     """Last stage: tokens the client sent (originals) and tokens forwarded. Pure (CPU only;
     the runner moves large requests off the event loop)."""
@@ -94,6 +111,14 @@ class CountStage:
         self.counter = counter
 
     def __call__(self, messages: list[Message], request: RequestView) -> StageOutcome:
+        work = request.work
+        if work is not None:
+            work.spend(len(messages))
+            if work.exhausted:  # over the budget: what is forwarded is not changed by counts
+                work.degrade(self.name)
+                out = estimate(messages)
+                inn = out if request.messages is messages else estimate(request.messages)
+                return StageOutcome(messages, False, {"tokens_in": inn, "tokens_out": out})
         tools = request.tool_schemas
         out = self.counter.request(messages, request.model, tools)
         sent = request.messages

@@ -42,10 +42,11 @@ from itertools import accumulate
 from typing import Final
 
 from .markers import PREFIX, TOKEN, Pointer, as_pointer, pointer, read_pointer, token, untoken
+from .notice import utf8_len
 from .rereads import split_lines
 from .truncate import count_lines
 
-__all__ = ["BUDGET_BYTES", "CANDIDATES", "Dedup", "Earlier", "Span", "duplicate", "expand",
+__all__ = ["BUDGET_BYTES", "CANDIDATES", "Dedup", "DedupIndex", "Earlier", "Span", "duplicate", "expand",
            "parse_reference"]
 
 #: The newest earlier outputs looked at, in UTF-8 bytes.
@@ -193,99 +194,151 @@ def duplicate(
     Not deduplicated (None): a text under ``min_bytes``; a text with a line starting
     ``[ctxproxy: `` (a reference could not be told from it, and :func:`expand` must be exact).
     Deterministic; :func:`expand` ``(result.text, earlier)`` gives ``text`` back exactly.
+    One call; a caller deciding many outputs of one history in turn keeps a
+    :class:`DedupIndex` instead (the same answers, each earlier output hashed once).
     """
     if 4 * len(text) < min_bytes or not earlier:
         return None
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) < min_bytes or text.startswith(PREFIX) or "\n" + PREFIX in text:
-        return None
-    where = as_pointer(saved)
-    outputs = _unique(earlier)
-    for e in reversed(outputs):
-        if len(e.text) == len(text) and e.text == text:
-            line = _identical_line(e, count_lines(text), where)
+    index = DedupIndex(min_bytes=min_bytes, budget_bytes=budget_bytes)
+    for e in earlier:
+        index.add(e)
+    return index.duplicate(text, saved=saved)
+
+
+class DedupIndex:
+    """The earlier outputs of one history, added in history order as they are found forwarded
+    whole, and :meth:`duplicate` for each new one: what :func:`duplicate` answers against the
+    outputs added so far, but each earlier output is hashed once, not once per new output (a
+    history of N outputs costs O(N) hashing, not O(N * budget_bytes)).
+
+    The window index keeps every position of every window; a lookup takes, of the positions
+    in outputs inside the byte budget (the newest outputs totalling ``budget_bytes``), the
+    first two and the newest two, as :func:`duplicate`'s per-call index keeps them."""
+
+    __slots__ = ("_budget", "_by_text", "_calls", "_cum", "_done", "_hashed", "_index", "_min",
+                 "_powers", "_sized", "spent")
+
+    def __init__(self, *, min_bytes: int, budget_bytes: int = BUDGET_BYTES) -> None:
+        self._min = min_bytes
+        self._budget = budget_bytes
+        self._calls: set[str] = set()
+        self._by_text: dict[str, Earlier] = {}  # text -> the newest unique output with it
+        self._sized: list[tuple[Earlier, int]] = []  # outputs a span may come from, their size
+        self._cum: list[int] = [0]  # bytes of _sized before each
+        self._hashed: dict[int, _Lines] = {}  # position in _sized -> its lines, once hashed
+        self._done = 0  # how many of _sized are hashed (or skipped: out of the budget)
+        self._index: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._powers = [1]
+        self.spent = 0  # bytes hashed (a work count)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def add(self, e: Earlier) -> None:
+        """An output forwarded whole, after every one added before (history order)."""
+        if e.call_id in self._calls:
+            return  # a reference names the call: its first output stands for it
+        self._calls.add(e.call_id)
+        self._by_text[e.text] = e
+        if 4 * len(e.text) >= self._min:
+            size = utf8_len(e.text)
+            self._sized.append((e, size))
+            self._cum.append(self._cum[-1] + size)
+
+    def _low(self) -> int:
+        """The first output in the byte budget: the newest ones totalling at most it."""
+        total = self._cum[-1]
+        return bisect_left(self._cum, total - self._budget, 0, len(self._sized))
+
+    def _hash_pending(self, low: int) -> None:
+        powers, min_bytes = self._powers, self._min
+        for n in range(max(self._done, low), len(self._sized)):
+            e, size = self._sized[n]
+            lines = _Lines(e.text.encode("utf-8", "surrogatepass"))
+            self.spent += size
+            for k, w in enumerate(lines.windows(min_bytes, powers)):
+                self._index.setdefault(w, []).append((n, k))
+            self._hashed[n] = lines
+        self._done = len(self._sized)
+
+    def duplicate(self, text: str, *, saved: str | Pointer | None = None) -> Dedup | None:
+        """:func:`duplicate` of ``text`` against the outputs added so far."""
+        min_bytes = self._min
+        if 4 * len(text) < min_bytes or not self._calls:
+            return None
+        data = text.encode("utf-8", "surrogatepass")
+        if len(data) < min_bytes or text.startswith(PREFIX) or "\n" + PREFIX in text:
+            return None
+        where = as_pointer(saved)
+        same = self._by_text.get(text)
+        if same is not None:
+            line = _identical_line(same, count_lines(text), where)
             if len(line.encode("utf-8", "surrogatepass")) < len(data):
-                return Dedup(line, (), e)
-            break
+                return Dedup(line, (), same)
+        if not self._sized:
+            return None  # no earlier output holds a span: its windows need not be hashed
 
-    powers = [1]
-    mine = _Lines(data)
-    own = mine.lines
-    windows = mine.windows(min_bytes, powers)
-    wanted = set(windows)
-    if not wanted:
-        return None
-    pieces = data.split(b"\n")
-    if not pieces[-1]:
-        pieces.pop()  # the end of the text, not an empty line
-    shown = set(pieces)
-    indexed: list[tuple[Earlier, _Lines]] = []
-    spent = 0
-    for e in reversed(outputs):
-        if 4 * len(e.text) < min_bytes:
-            continue
-        body = e.text.encode("utf-8", "surrogatepass")
-        spent += len(body)
-        if spent > budget_bytes:
-            break
-        if not shown.isdisjoint(body.split(b"\n")):  # no line in common: no span either
-            indexed.append((e, _Lines(body)))
-    indexed.reverse()  # history order: the newest positions come last
+        mine = _Lines(data)
+        own = mine.lines
+        windows = mine.windows(min_bytes, self._powers)
+        if not windows:
+            return None
+        low = self._low()
+        self._hash_pending(low)
+        index = self._index
+        hashed = self._hashed
 
-    # Only the windows the text has are looked up at all, so probing is a set test per line.
-    index: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for n, (_, lines) in enumerate(indexed):
-        keys = lines.windows(min_bytes, powers)
-        for k in [k for k, w in enumerate(keys) if w in wanted]:
-            found = index.setdefault(keys[k], [])
-            if len(found) == CANDIDATES:
-                del found[CANDIDATES // 2]
-            found.append((n, k))
-    if not index:
-        return None
+        def hits(w: tuple[int, int]) -> list[tuple[int, int]]:
+            found = index.get(w)
+            if not found:
+                return []
+            start = bisect_left(found, (low, -1))
+            if len(found) - start <= CANDIDATES:
+                return found[start:]
+            half = CANDIDATES // 2
+            return found[start:start + half] + found[len(found) - half:]
 
-    spans: list[tuple[int, int, int, int]] = []  # (start, end excl., output, its start)
-    i = 0
-    while i < len(windows):
-        hits = index.get(windows[i])
-        best: tuple[int, int, int] | None = None  # (length, output, its start)
-        for n, k in reversed(hits or ()):
-            theirs = indexed[n][1].lines
-            t = 0
-            limit = min(len(own) - i, len(theirs) - k)
-            while t < limit and own[i + t] == theirs[k + t]:
-                t += 1
-            if mine.offsets[i + t] - mine.offsets[i] >= min_bytes and (
-                best is None or t > best[0]
-            ):
-                best = (t, n, k)
-        if best is not None:
-            t, n, k = best
-            e = indexed[n][0]
-            span = Span(i + 1, i + t, e.index, e.call_id, e.turn, k + 1, k + t)
-            ref = _span_line(span, where)
-            if len(ref.encode("utf-8", "surrogatepass")) + 1 < mine.offsets[i + t] - mine.offsets[i]:
-                spans.append((i, i + t, n, k))
-                i += t
-                continue
-        i += 1
-    if not spans:
-        return None
+        spans: list[tuple[int, int, int, int]] = []  # (start, end excl., output, its start)
+        i = 0
+        while i < len(windows):
+            best: tuple[int, int, int] | None = None  # (length, output, its start)
+            for n, k in reversed(hits(windows[i])):
+                theirs = hashed[n].lines
+                t = 0
+                limit = min(len(own) - i, len(theirs) - k)
+                while t < limit and own[i + t] == theirs[k + t]:
+                    t += 1
+                if mine.offsets[i + t] - mine.offsets[i] >= min_bytes and (
+                    best is None or t > best[0]
+                ):
+                    best = (t, n, k)
+            if best is not None:
+                t, n, k = best
+                e = self._sized[n][0]
+                span = Span(i + 1, i + t, e.index, e.call_id, e.turn, k + 1, k + t)
+                ref = _span_line(span, where)
+                if len(ref.encode("utf-8", "surrogatepass")) + 1 < mine.offsets[i + t] - mine.offsets[i]:
+                    spans.append((i, i + t, n, k))
+                    i += t
+                    continue
+            i += 1
+        if not spans:
+            return None
 
-    parts: list[str] = []
-    out_spans: list[Span] = []
-    at = 0
-    for start, end, n, k in spans:
-        if at < start:
-            parts.append(b"".join(own[at:start]).decode("utf-8", "surrogatepass"))
-        e = indexed[n][0]
-        span = Span(start + 1, end, e.index, e.call_id, e.turn, k + 1, k + end - start)
-        out_spans.append(span)
-        parts.append(_span_line(span, where) + "\n")
-        at = end
-    if at < len(own):
-        parts.append(b"".join(own[at:]).decode("utf-8", "surrogatepass"))
-    return Dedup("".join(parts), tuple(out_spans))
+        parts: list[str] = []
+        out_spans: list[Span] = []
+        at = 0
+        for start, end, n, k in spans:
+            if at < start:
+                parts.append(b"".join(own[at:start]).decode("utf-8", "surrogatepass"))
+            e = self._sized[n][0]
+            span = Span(start + 1, end, e.index, e.call_id, e.turn, k + 1, k + end - start)
+            out_spans.append(span)
+            parts.append(_span_line(span, where) + "\n")
+            at = end
+        if at < len(own):
+            parts.append(b"".join(own[at:]).decode("utf-8", "surrogatepass"))
+        return Dedup("".join(parts), tuple(out_spans))
 
 
 def expand(dedup_text: str, earlier: Sequence[Earlier]) -> str:

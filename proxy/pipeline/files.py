@@ -153,15 +153,25 @@ def same_file(a: str, b: str) -> bool:
 # -- the history -----------------------------------------------------------------------------
 
 
+def _parsed_size(key: tuple[str, str],
+                 value: tuple[tuple[FileRead, ...], tuple[FileEdit, ...]]) -> int:
+    reads, edits = value
+    quotes = sum(len(q) for e in edits for q in e.quotes)
+    return len(key[0]) + len(key[1]) + quotes + 200 * (1 + len(reads) + len(edits))
+
+
 class CallCache:
     """:func:`call_files` of each distinct call (name and arguments), kept: a resent history's
     provenance then costs a dictionary probe per call instead of parsing its arguments (shell
     scripts, patches) again on every request. Bounded; safe across threads."""
 
-    def __init__(self, read_tools: Mapping[str, ReadTool], size: int = 65536) -> None:
+    def __init__(self, read_tools: Mapping[str, ReadTool],
+                 cache_bytes: int = 16 * 1024 * 1024) -> None:
         self.read_tools = read_tools
+        # Sized by what an entry pins: the call's arguments (a Write holds a whole file) and
+        # the quotes parsed out of them (an Edit's old_string, a patch's lines).
         self._parsed: LRU[tuple[str, str], tuple[tuple[FileRead, ...], tuple[FileEdit, ...]]] = (
-            LRU(size))
+            LRU(cache_bytes, _parsed_size))
 
     def files(self, name: str, arguments: str, call_id: str, call_index: int,
               ) -> tuple[tuple[FileRead, ...], tuple[FileEdit, ...]]:

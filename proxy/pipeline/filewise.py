@@ -37,23 +37,24 @@ from typing import Final
 
 from ..config import OffloadConfig, ToolPolicy
 from ..lru import LRU
-from .dedupe import Earlier, duplicate
+from .dedupe import DedupIndex, Earlier
 from .envelope import split_envelope
 from .files import CallCache, Provenance, provenance
 from .markers import PREFIX, Pointer
 from .model import Message, RequestView, result_text
 from .notice import parse_notice, utf8_len
 from .rereads import (
+    Rereads,
     Supersession,
     delta_text,
     marker,
     parse_delta,
     parse_marker,
-    reread,
     superseded,
     turns_upto,
 )
 from .turns import RESULT_ROLES
+from .work import DEFAULT_BUDGET, Work
 
 __all__ = ["MARK_MIN_BYTES", "FileForms", "Form", "plain_lines"]
 
@@ -97,19 +98,58 @@ def plain_lines(body: str) -> tuple[int, str] | None:
 
 
 _EpochKey = tuple[str, str, int, str, int]
+# What a decision or a mark costs besides a form's text: its chain (a 32-byte hex key), the
+# tuple, the Form, the dict slot; a Supersession with its strings.
+_DECISION = 200
+_MARK = 600
+
+
+def _memo_size(memo: Mapping[str, tuple[Form | None, int]]) -> int:
+    return 64 + sum(_DECISION + (len(f.text) if f is not None else 0) for f, _ in memo.values())
+
+
+@dataclass(slots=True)
+class _State:
+    """What deciding the results of one history takes, built at its first undecided result:
+    its provenance, the re-read and duplicate indices (fed the results found whole, in
+    history order), each result's turn, the bodies split from their envelopes."""
+
+    prov: Provenance
+    rereads: Rereads
+    turns: list[int]
+    dedupe: DedupIndex
+    bodies: dict[int, str]
+    work: Work | None
+    fed: int = 0  # how many of the whole results the indices were told of
+    marks: Mapping[int, Supersession] | None = None  # the epoch's superseded reads
+
+    def catch_up(self, history: Sequence[Message], order: Sequence[int],
+                 whole: Mapping[int, bool]) -> None:
+        """Tell the indices of the results found whole since the last call."""
+        for j in order[self.fed:]:
+            if not whole.get(j):
+                continue
+            self.rereads.whole(j)
+            body = FileForms._body(history, j, self.bodies)
+            self.dedupe.add(Earlier(j, _call_id(history[j]), self.turns[j], body))
+        self.fed = len(order)
 
 
 class FileForms:
     """The file-aware forms of a session's results, per epoch (one instance per process: its
     caches are bounded)."""
 
-    def __init__(self, config: OffloadConfig) -> None:
+    def __init__(self, config: OffloadConfig, *, cache_bytes: int = 48 * 1024 * 1024) -> None:
         self.config = config
         self.enabled = config.supersede_reads or config.reread_deltas or config.dedupe
-        self.calls = CallCache(config.read_tools)
+        # A third each: the calls' parses, the decisions, the epochs' superseded reads; each
+        # sized by what its entries pin (a decision holds its form's text).
+        self.calls = CallCache(config.read_tools, cache_bytes // 3)
         # (tenant, session, seen, chain at seen, first) -> a result's chain -> its form
-        self._epochs: LRU[_EpochKey, dict[str, Form | None]] = LRU(4096)
-        self._marks: LRU[_EpochKey, Mapping[int, Supersession]] = LRU(4096)
+        self._epochs: LRU[_EpochKey, dict[str, tuple[Form | None, int]]] = LRU(
+            cache_bytes // 3, lambda _, memo: _memo_size(memo))
+        self._marks: LRU[_EpochKey, Mapping[int, Supersession]] = LRU(
+            cache_bytes // 3, lambda _, marks: 64 + _MARK * len(marks))
 
     def undecided(self, history: Sequence[Message], request: RequestView, *, seen: int,
                   first: int) -> bool:
@@ -152,19 +192,29 @@ class FileForms:
         began (0: before any); ``first``: the first result these rules may touch (before it:
         replaced by the summary, or behind the provider's compaction item); ``aged(i)``:
         stage 2 re-cuts result i; ``stays_whole(i, text)``: the stages leave result i whole
-        (it fits its budget); ``saved(text)``: where the caller keeps an original."""
+        (it fits its budget); ``saved(text)``: where the caller keeps an original.
+
+        The work budget (``request.work``, :mod:`.work`): each decision costs the characters
+        of the result and of the earlier output it is compared with, counted over the epoch in
+        history order (kept with each decision); a result whose count passes the budget, and
+        every later one in the epoch, gets no form (stage 1 cuts it as without these rules).
+        The count is a function of ``history[:i + 1]`` and the epoch, as every decision is:
+        a request that degrades and the next one, or a replica deciding again, agree."""
         chains = request.chains
         if not self.enabled or len(chains) != len(history) or not history:
             return {}
+        work = request.work
+        budget = work.budget if work is not None else DEFAULT_BUDGET
         key = self._key(request, seen, first)
         memo = self._epochs.get(key)
+        known = 0 if memo is None else len(memo)
         if memo is None:
             memo = {}
-            self._epochs.put(key, memo)
-        prov: Provenance | None = None
-        bodies: dict[int, str] = {}
+        state: _State | None = None
         whole: dict[int, bool] = {}
+        order: list[int] = []  # the results found whole, in history order
         forms: dict[int, Form] = {}
+        spent = 0  # the epoch's count through the last result decided
         for i, m in enumerate(history):
             if i < first or m.get("role") not in RESULT_ROLES:
                 continue
@@ -174,51 +224,87 @@ class FileForms:
             policy = policies.get(i)
             if policy is not None and policy.protect:
                 whole[i] = True
+                order.append(i)
                 continue
             if _forwarded_form(text):
                 whole[i] = False  # a client that stored our forwarded text: left as it is
                 continue
-            if chains[i] in memo:
-                form = memo[chains[i]]
+            found = memo.get(chains[i])
+            if found is not None:
+                form, spent = found
             else:
-                if prov is None:
-                    prov = provenance(history, self.config.read_tools, cache=self.calls)
-                form = self._decide(history, request, i, text, prov, seen, key, policy, aged,
-                                    whole, bodies, saved)
-                memo[chains[i]] = form
+                if work is not None:
+                    work.spend(len(text))
+                if spent + len(text) > budget:
+                    form, spent = None, spent + len(text)
+                    if work is not None:
+                        work.degrade("filewise")
+                else:
+                    if state is None:
+                        state = self._state(history, request)
+                    state.catch_up(history, order, whole)
+                    form, extra = self._decide(history, request, i, text, state, seen, key,
+                                               policy, aged, whole, saved)
+                    spent += len(text) + extra
+                memo[chains[i]] = (form, spent)
             if form is not None:
                 forms[i] = form
             whole[i] = form is None and not aged(i) and stays_whole(i, text)
+            if whole[i]:
+                order.append(i)
+        if len(memo) != known or known == 0:
+            self._epochs.put(key, memo)  # (again: its size is what it pins now)
         return forms
+
+    def _state(self, history: Sequence[Message], request: RequestView) -> _State:
+        work = request.work
+        if work is not None:
+            work.spend(len(history))
+        prov = provenance(history, self.config.read_tools, cache=self.calls)
+        turns = turns_upto(history, len(history))
+        return _State(prov, Rereads(history, prov, turns), turns, DedupIndex(
+            min_bytes=self.config.dedupe_min_bytes), {}, work)
 
     def _decide(
         self, history: Sequence[Message], request: RequestView, i: int, text: str,
-        prov: Provenance, seen: int, key: _EpochKey, policy: ToolPolicy | None,
-        aged: Callable[[int], bool], whole: Mapping[int, bool], bodies: dict[int, str],
+        state: _State, seen: int, key: _EpochKey, policy: ToolPolicy | None,
+        aged: Callable[[int], bool], whole: Mapping[int, bool],
         saved: Callable[[str], Pointer],
-    ) -> Form | None:
+    ) -> tuple[Form | None, int]:
+        """Result ``i``'s form and the extra count its decision costs (the characters of the
+        earlier output it was compared with)."""
         c = self.config
+        prov = state.prov
         if i < seen and c.supersede_reads and utf8_len(text) >= MARK_MIN_BYTES:
-            marks = self._marks.get(key)
+            # Kept by the request too: marks too large for the cache are made once a request,
+            # not once a result.
+            marks = state.marks if state.marks is not None else self._marks.get(key)
             if marks is None:
+                if state.work is not None:
+                    state.work.spend(len(prov.reads) + len(prov.edits))
                 marks = superseded(history, prov, seen)
                 self._marks.put(key, marks)
+            state.marks = marks
             found = marks.get(i)
             if found is not None:
-                return Form(found.kind, marker(found, saved=saved(text)))
+                return Form(found.kind, marker(found, saved=saved(text))), 0
         if aged(i) or (policy is not None and not policy.dedupe):
-            return None
+            return None, 0
         # Before the epoch's start a read is verbatim or a marker: a delta is an arrival's form
         # (the next epoch forwards the newest read of each file whole), and neither is a read
         # forwarded as a reference to a copy.
-        if i < seen and prov.reads_of(i):
-            return None
+        if i < seen and state.rereads.reads(i):
+            return None, 0
         envelope = split_envelope(text)
         body = envelope.body
+        extra = 0
         if c.reread_deltas:
-            again = reread(history, prov, i, forwarded_whole=lambda j: whole.get(j, False))
+            again = state.rereads.find(i)
             if again is not None:
-                base = self._body(history, again.base_index, bodies)
+                base = self._body(history, again.base_index, state.bodies)
+                extra += len(base)
+                if state.work is not None:
+                    state.work.spend(len(base))
                 old, new = base, body
                 numbered_old, numbered_new = plain_lines(base), plain_lines(body)
                 if (numbered_old is not None and numbered_new is not None
@@ -228,16 +314,16 @@ class FileForms:
                                    base_turn=again.base_turn, saved=saved(text))
                 if delta is not None:
                     kind = "unchanged" if old == new else "delta"
-                    return Form(kind, envelope.wrap(delta))
+                    return Form(kind, envelope.wrap(delta)), extra
         if c.dedupe and utf8_len(body) >= c.dedupe_min_bytes:
-            turns = turns_upto(history, i)
-            earlier = [Earlier(j, _call_id(history[j]), turns[j], self._body(history, j, bodies))
-                       for j in sorted(whole) if whole[j] and j < i]
-            found_dup = duplicate(body, earlier, min_bytes=c.dedupe_min_bytes,
-                                  saved=saved(text))
+            index = state.dedupe
+            before = index.spent
+            found_dup = index.duplicate(body, saved=saved(text))
+            if state.work is not None:
+                state.work.spend(index.spent - before)
             if found_dup is not None:
-                return Form("duplicate", envelope.wrap(found_dup.text))
-        return None
+                return Form("duplicate", envelope.wrap(found_dup.text)), extra
+        return None, extra
 
     @staticmethod
     def _body(history: Sequence[Message], j: int, bodies: dict[int, str]) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 if TYPE_CHECKING:
     from ..session import Identity
     from ..writes import Writes
+    from .work import Work
 
 __all__ = [
     "NATIVE",
@@ -62,6 +63,7 @@ class RequestView:
     tools: Sequence[Mapping[str, Any]] | None = None  # tool schemas (chat shape), for counting
     large: bool = False  # big enough that new cutting or tokenizing moves off the event loop
     api: str = "chat"  # the wire format (proxy.formats): "chat", "responses", "messages"
+    work: Work | None = None  # the request's work count, budget and cancellation (pipeline.work)
 
     @property
     def messages(self) -> Sequence[Message]:

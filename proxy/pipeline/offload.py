@@ -129,6 +129,7 @@ class Offloader:
         data_dir: Path,
         *,
         cache_bytes: int = 256 * 1024 * 1024,
+        memo_bytes: int = 64 * 1024 * 1024,
         files_url: str = "http://127.0.0.1:4000/files",
     ) -> None:
         self.config = config
@@ -136,15 +137,18 @@ class Offloader:
         self.retrieval = retrieval
         self.files_url = files_url.rstrip("/")
         self.data_dir = Path(data_dir)
-        # Sized by the original each entry pins.
+        # Sized by the original each entry pins and the cuts it will hold (at most one per
+        # budget: stage 1's and stage 2's, each about its budget).
+        cuts = config.recent_max_bytes + config.old_max_bytes + 2 * 1024
         self._cache: LRU[tuple[str, str, str], _Entry] = LRU(
-            cache_bytes, lambda key, _: len(key[2])
+            cache_bytes, lambda key, _: len(key[2]) + min(len(key[2]), cuts) + 200
         )
         # Quote protection's working set per session epoch (it depends on history[:seen]
         # alone): parsing every call of a long history again on each request is the cost.
-        self._working: LRU[tuple[str, str, int, str], Mapping[int, str]] = LRU(4096)
-        self.policies = Policies(config.policies)
-        self.filewise = FileForms(config)
+        self._working: LRU[tuple[str, str, int, str], Mapping[int, str]] = LRU(
+            memo_bytes // 4, lambda _, found: 64 + sum(200 + len(p) for p in found.values()))
+        self.policies = Policies(config.policies, cache_bytes=memo_bytes // 4)
+        self.filewise = FileForms(config, cache_bytes=memo_bytes // 2)
         # The smallest size any cut applies to: anything at or below it is never touched.
         budgets = [config.old_max_bytes, config.recent_max_bytes]
         for policy in config.policies:
@@ -411,7 +415,10 @@ class Offloader:
                                                   request.identity.session, text).rid, text))
             kinds[form.kind] = kinds.get(form.kind, 0) + 1
             saved += len(text) - len(form.text)
+        work = request.work
         for i, text in texts.items():
+            if work is not None:
+                work.spend(len(text))
             m = messages[i]
             policy = policies.get(i)
             if i in forms or (policy is not None and policy.protect):

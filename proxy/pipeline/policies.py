@@ -37,14 +37,21 @@ def shell_command(arguments: str) -> str | None:
     return _CD.sub("", script).strip() if script is not None else None
 
 
+# What an entry of a cache keyed by a call costs besides its strings (the tuple, the dict slot).
+_ENTRY = 200
+
+
 class Policies:
     """The configured policies, matched against calls (results are matched through the call
     they answer). Matching is cached per call (name and arguments): a resent history costs a
     dictionary probe per result."""
 
-    def __init__(self, policies: Sequence[ToolPolicy]) -> None:
+    def __init__(self, policies: Sequence[ToolPolicy], *,
+                 cache_bytes: int = 16 * 1024 * 1024) -> None:
         self.policies = tuple(policies)
-        self._calls: LRU[tuple[str, str], ToolPolicy | None] = LRU(65536)
+        # Sized by the call each entry pins (a Write's arguments hold a whole file).
+        self._calls: LRU[tuple[str, str], ToolPolicy | None] = LRU(
+            cache_bytes, lambda key, _: len(key[0]) + len(key[1]) + _ENTRY)
 
     def of_call(self, name: str, arguments: str) -> ToolPolicy | None:
         """The first policy matching a call of ``name`` with ``arguments``."""

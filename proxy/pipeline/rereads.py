@@ -27,6 +27,7 @@ import difflib
 import posixpath
 import re
 import shlex
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -52,6 +53,7 @@ __all__ = [
     "DELTA_MAX_RATIO",
     "Delta",
     "Reread",
+    "Rereads",
     "Supersession",
     "apply_delta",
     "delta_text",
@@ -181,9 +183,33 @@ def _strip_numbers(text: str) -> str:
     return _NUMBERS.sub("", text)
 
 
-def _again(history: Sequence[Message], read: FileRead) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """The call that reads ``read``'s lines again."""
-    found = _call(history, read.call_index, read.call_id)
+def _calls_of(history: Sequence[Message], index: int) -> dict[str, tuple[str, str]]:
+    """call id -> (name, raw arguments) of the calls of the assistant message at ``index``:
+    for each id the first call with a named function, as :func:`_call` finds it."""
+    out: dict[str, tuple[str, str]] = {}
+    if not 0 <= index < len(history):
+        return out
+    for call in history[index].get("tool_calls") or ():
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str) or call["id"] in out:
+            continue
+        fn = call.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            args = fn.get("arguments")
+            out[call["id"]] = (fn["name"], args if isinstance(args, str) else "")
+    return out
+
+
+def _again(history: Sequence[Message], read: FileRead,
+           calls: dict[int, dict[str, tuple[str, str]]] | None = None,
+           ) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The call that reads ``read``'s lines again; ``calls`` keeps each message's calls by id
+    (many reads of one message: each found in O(1))."""
+    if calls is None:
+        found = _call(history, read.call_index, read.call_id)
+    else:
+        if read.call_index not in calls:
+            calls[read.call_index] = _calls_of(history, read.call_index)
+        found = calls[read.call_index].get(read.call_id)
     name, raw = found if found is not None else (read.tool, "")
     try:
         args = orjson.loads(raw) if raw.lstrip().startswith("{") else None
@@ -279,27 +305,57 @@ def superseded(
             changes.setdefault(_basename(e.path), []).append((at, e))
 
     turns = turns_upto(history, seen)
+    # Per file spelling: the newest read of each range, and the changes in order, so that
+    # each read is judged in O(its file's spellings and ranges) rather than O(all its reads).
+    newest: dict[str, dict[LineRange, tuple[tuple[int, int], FileRead]]] = {}
+    for r in reads:
+        k = order(r.call_id, r.call_index)
+        ranges = newest.setdefault(r.path, {})
+        if r.lines not in ranges or ranges[r.lines][0] < k:
+            ranges[r.lines] = (k, r)
+    changed: dict[str, list[tuple[tuple[int, int], FileEdit]]] = {}
+    for at_edit, e in sorted((kc for group in changes.values() for kc in group),
+                             key=lambda kc: kc[0]):
+        changed.setdefault(e.path, []).append((at_edit, e))
+    spellings: dict[str, list[str]] = {}
+    for path in (*newest, *changed):
+        spellings.setdefault(_basename(path), [])
+        if path not in spellings[_basename(path)]:
+            spellings[_basename(path)].append(path)
+    compatible: dict[str, list[str]] = {}
+    calls: dict[int, dict[str, tuple[str, str]]] = {}
     out: dict[int, Supersession] = {}
     for r in reads:
         i = r.result_index
         assert i is not None
         if i in kept or per_result[i] != 1 or i in out:
             continue
-        name = _basename(r.path)
         at = order(r.call_id, r.call_index)
-        later = [(k, x) for k, x in by_name[name] if k > at and same_file(x.path, r.path)]
+        paths = compatible.get(r.path)
+        if paths is None:
+            paths = [q for q in spellings[_basename(r.path)] if same_file(q, r.path)]
+            compatible[r.path] = paths
+        later = False
+        covering: tuple[tuple[int, int], FileRead] | None = None
+        for q in paths:
+            for lines, (k, x) in newest.get(q, {}).items():
+                if k > at:
+                    later = True
+                    if lines.covers(r.lines) and (covering is None or k > covering[0]):
+                        covering = (k, x)
         if not later:
             continue  # the newest read of its file
-        covering = max(((k, x) for k, x in later if x.lines.covers(r.lines)),
-                       key=lambda kx: kx[0], default=None)
-        edits = [(k, e) for k, e in changes.get(name, ()) if k > at and same_file(e.path, r.path)]
+        edits: list[tuple[tuple[int, int], FileEdit]] = []
+        for q in paths:
+            done = changed.get(q, [])
+            edits += done[bisect_right(done, at, key=lambda kc: kc[0]):]
         if covering is None and not edits:
             continue
         text = result_text(history[i].get("content"))
         if text is None or _quoted(text, (e for _, e in edits)):
             continue
         change = max(edits, key=lambda kc: kc[0], default=None)
-        again_tool, again_args = _again(history, r)
+        again_tool, again_args = _again(history, r, calls)
         if covering is not None and (change is None or covering[0] > change[0]):
             by = covering[1]
             why: tuple[Any, str, str, int] = ("read", by.tool, by.call_id, by.call_index)
@@ -477,6 +533,77 @@ def reread(
         if forwarded_whole(b.result_index):
             return Reread(r, b, turn_of(history, b.call_index))
     return None
+
+
+class Rereads:
+    """:func:`reread` for each result of one history in turn, in history order, each answer in
+    O(log n) instead of a pass over every read: the caller tells it which results it found
+    forwarded whole (:meth:`whole`, in history order, before deciding any later result), and
+    :meth:`find` answers as :func:`reread` with ``forwarded_whole`` true exactly for those."""
+
+    __slots__ = ("_bases", "_by_result", "_history", "_indexed", "_positions", "_turns")
+
+    def __init__(self, history: Sequence[Message], prov: Provenance,
+                 turns: Sequence[int]) -> None:
+        self._history = history
+        self._turns = turns  # turns_upto(history, len(history))
+        self._by_result: dict[int, list[FileRead]] = {}
+        for r in prov.reads:
+            if r.result_index is not None:
+                self._by_result.setdefault(r.result_index, []).append(r)
+        # (assistant message index, call id) -> the call's position there (its first one).
+        self._positions: dict[tuple[int, str], int] = {}
+        self._indexed: set[int] = set()  # the assistant messages whose calls are in it
+        # (tool, lines, base name) -> the whole single-read results: (position, read), sorted.
+        self._bases: dict[tuple[str, LineRange, str], list[tuple[tuple[int, int], FileRead]]] = {}
+
+    def _position(self, read: FileRead) -> tuple[int, int]:
+        i = read.call_index
+        positions = self._positions
+        if i not in self._indexed:
+            self._indexed.add(i)
+            calls = self._history[i].get("tool_calls") if 0 <= i < len(self._history) else None
+            for pos, call in enumerate(calls or ()):
+                cid = call.get("id") if isinstance(call, dict) else None
+                if isinstance(cid, str):
+                    positions.setdefault((i, cid), pos)
+        return i, positions.get((i, read.call_id), 0)
+
+    def reads(self, index: int) -> Sequence[FileRead]:
+        """The reads whose result is history message ``index``."""
+        return self._by_result.get(index, ())
+
+    def whole(self, index: int) -> None:
+        """Result ``index`` is forwarded whole (called in history order)."""
+        mine = self._by_result.get(index)
+        if mine is None or len(mine) != 1:
+            return
+        r = mine[0]
+        key = (r.tool, r.lines, _basename(r.path))
+        entry = (self._position(r), r)
+        found = self._bases.setdefault(key, [])
+        if not found or found[-1][0] < entry[0]:
+            found.append(entry)
+        else:
+            insort(found, entry, key=lambda e: e[0])
+
+    def find(self, index: int) -> Reread | None:
+        """:func:`reread` of result ``index`` (every result before it told of already)."""
+        mine = self._by_result.get(index)
+        if mine is None or len(mine) != 1 or not 0 <= index < len(self._history):
+            return None
+        r = mine[0]
+        found = self._bases.get((r.tool, r.lines, _basename(r.path)))
+        if not found:
+            return None
+        at = self._position(r)
+        k = bisect_left(found, at, key=lambda e: e[0])
+        while k > 0:
+            k -= 1
+            b = found[k][1]
+            if b.call_index <= r.call_index and same_file(b.path, r.path):
+                return Reread(r, b, _turn(self._turns, b.call_index))
+        return None
 
 
 # -- deltas ---------------------------------------------------------------------------------

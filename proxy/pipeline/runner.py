@@ -53,6 +53,7 @@ from .replay import Source as RoundsSource
 from .replay import run as replay_rounds
 from .turns import leading_system_count
 from .validate import ValidateStage
+from .work import Work
 
 __all__ = ["Pipeline"]
 
@@ -114,9 +115,14 @@ class Pipeline:
     # -- running ---------------------------------------------------------------------------
 
     async def run(self, request: RequestView) -> PipelineResult:
+        """The messages to forward. Raises :class:`.work.Cancelled` once ``request.work`` is
+        cancelled (its client is gone), at the next point between units of work: stages are
+        pure and their effects (originals written) are carried out whole or not at all, so
+        nothing durable is left half-done."""
         start = time.perf_counter()
         if self.custom is not None:
             return await self._run_custom(request, start)
+        work = request.work
         stats: dict[str, int] = {}
         failed: list[str] = []
         history = _as_list(request.messages)
@@ -142,6 +148,7 @@ class Pipeline:
             log.exception("stage offload failed; forwarding without it")
             failed.append("offload")
 
+        _check(work)
         if compacting:
             try:
                 messages, summary = await self._compact(history, messages, request, summary,
@@ -174,6 +181,7 @@ class Pipeline:
             # Not the head: what precedes a provider compaction item keeps its prefix (native).
             messages = drop_thinking(messages, history, before, native_head(history))
 
+        _check(work)
         memory = self.memory
         if memory is not None and memory.enabled and history and (
             len(request.chains) == len(history)  # not a history kept upstream
@@ -198,6 +206,7 @@ class Pipeline:
                 failed.append("replay")
 
         for stage in (self.validate, self.count):
+            _check(work)
             # Counting covers what the client sent too (tokens in): its new outputs, whole.
             heavy = stage is self.count and (
                 self._tokenizes(messages, request) or self._tokenizes(history, request)
@@ -211,6 +220,10 @@ class Pipeline:
             messages = outcome.messages
             _add(stats, outcome.stats)
         self._seen.put((request.identity.tenant, request.identity.session), True)
+        if work is not None:
+            stats["work"] = work.spent
+            if work.degraded:
+                stats["degraded"] = 1
         changed = len(messages) != len(history) or any(
             a is not b for a, b in zip(messages, history, strict=False)
         )
@@ -467,6 +480,11 @@ class Pipeline:
                 tokens, threshold,
             )
         return applied
+
+
+def _check(work: Work | None) -> None:
+    if work is not None:
+        work.check()
 
 
 def _as_list(messages: Sequence[Message]) -> list[Message]:
