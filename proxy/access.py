@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from .metrics import Metrics
+from proxy.metrics import Metrics
 
 log = logging.getLogger("proxy.access")
 

@@ -19,20 +19,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from .access import AccessLog
-from .asgi import refuse_websocket, send_error
-from .auth import Gate, key_headers
-from .config import Config
-from .conversation import Conversation
-from .errors import AuthRequired, BadRequest, ProxyError, envelope
-from .formats.chat import CHAT
-from .formats.messages import MESSAGES
-from .formats.responses import RESPONSES
-from .metrics import Metrics
-from .pipeline.model import Stage
-from .routes import Health, MetricsPage, Models, PassThrough, Ready
-from .services import Services, open_services
-from .web.routes import FilesApp
+from proxy.access import AccessLog
+from proxy.asgi import refuse_websocket, send_error
+from proxy.auth import Gate, key_headers
+from proxy.config import Config
+from proxy.conversation import Conversation
+from proxy.errors import AuthRequired, BadRequest, ProxyError, envelope
+from proxy.formats.chat import CHAT
+from proxy.formats.messages import MESSAGES
+from proxy.formats.responses import RESPONSES
+from proxy.metrics import Metrics
+from proxy.pipeline.model import Stage
+from proxy.routes import Health, MetricsPage, Models, PassThrough, Ready
+from proxy.services import Services, open_services
+from proxy.web.routes import FilesApp
 
 log = logging.getLogger("proxy")
 

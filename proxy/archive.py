@@ -14,15 +14,15 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .background import Background
-from .lru import LRU
-from .metrics import Metrics
-from .session import Identity
-from .store.chains import chain_hashes, chain_step
-from .store.dialog import FileSpan
-from .store.interfaces import DialogStore
-from .store.sessions import SessionCounters
-from .writes import Mode, Writes
+from proxy.background import Background
+from proxy.lru import LRU
+from proxy.metrics import Metrics
+from proxy.session import Identity
+from proxy.store.chains import chain_hashes, chain_step
+from proxy.store.dialog import FileSpan
+from proxy.store.interfaces import DialogStore
+from proxy.store.sessions import SessionCounters
+from proxy.writes import Mode, Writes
 
 __all__ = ["Archive", "NullArchive"]
 

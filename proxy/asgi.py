@@ -10,8 +10,8 @@ from typing import TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from .encoding import decode_body, encodings
-from .errors import (
+from proxy.encoding import decode_body, encodings
+from proxy.errors import (
     ClientDisconnected,
     PayloadTooLarge,
     ProxyError,

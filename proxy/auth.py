@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from .config import DIGEST_PREFIX, MASTER_TENANT, AuthConfig
-from .errors import AuthRequired, BadRequest
-from .session import ANON, client_key, tenant_of
+from proxy.config import DIGEST_PREFIX, MASTER_TENANT, AuthConfig
+from proxy.errors import AuthRequired, BadRequest
+from proxy.session import ANON, client_key, tenant_of
 
 __all__ = ["Caller", "Gate", "key_headers", "presented_key"]
 

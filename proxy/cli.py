@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from .config import Config, exposure_problem, load_config
-from .errors import ConfigError
-from .httpserver import header_deadline_protocol
-from .logs import BoundedFormatter
-from .telemetry import installation_problem
+from proxy.config import Config, exposure_problem, load_config
+from proxy.errors import ConfigError
+from proxy.httpserver import header_deadline_protocol
+from proxy.logs import BoundedFormatter
+from proxy.telemetry import installation_problem
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
@@ -87,7 +87,7 @@ def serve(config: Config, log_level: str) -> int:
     """
     import uvicorn
 
-    from .app import create_app
+    from proxy.app import create_app
 
     _setup_logging(log_level)
     logging.getLogger("proxy").info(
@@ -126,15 +126,15 @@ def serve(config: Config, log_level: str) -> int:
 
 def gc(config: Config) -> int:
     """Expire what is due now and report every tenant's disk use against its quota."""
-    from .store.db import Database
-    from .store.gc import collect
-    from .store.paths import db_path
-    from .store.tool_results import ToolResultStore
-    from .store.usage import DiskUsage
+    from proxy.store.db import Database
+    from proxy.store.gc import collect
+    from proxy.store.paths import db_path
+    from proxy.store.tool_results import ToolResultStore
+    from proxy.store.usage import DiskUsage
 
     storage = config.storage
     if storage.url is not None:
-        from .store.postgres import PostgresBackend
+        from proxy.store.postgres import PostgresBackend
 
         backend = PostgresBackend(storage, digest_cache_bytes=0)
         try:
@@ -171,7 +171,7 @@ def gc(config: Config) -> int:
 
 
 def _pool(config: Config) -> Any:
-    from .store.postgres import PgPool
+    from proxy.store.postgres import PgPool
 
     if config.storage.url is None:
         raise ConfigError("storage.url: set it to the postgresql:// URL of the shared database")
@@ -182,7 +182,7 @@ def _pool(config: Config) -> Any:
 
 def db_upgrade(config: Config) -> int:
     """Bring the shared database's schema to this version (what ``serve`` does at start)."""
-    from .store.postgres import SCHEMA_VERSION, upgrade
+    from proxy.store.postgres import SCHEMA_VERSION, upgrade
 
     pool = _pool(config)
     try:
@@ -199,8 +199,8 @@ def migrate_storage(config: Config, source: str | None) -> int:
     """Copy a files + SQLite data_dir into the database at storage.url (idempotent)."""
     from pathlib import Path
 
-    from .store.postgres import upgrade
-    from .store.postgres.copy import copy_data_dir
+    from proxy.store.postgres import upgrade
+    from proxy.store.postgres.copy import copy_data_dir
 
     data_dir = Path(source) if source else config.storage.data_dir
     if not data_dir.is_dir():
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
-            from .demo import run_demo
+            from proxy.demo import run_demo
 
             return run_demo(data_dir=args.data_dir, keep_serving=args.keep_serving)
         config = load_config(args.config)

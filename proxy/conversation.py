@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from .asgi import (
+from proxy.asgi import (
     JSON_CT,
     Headers,
     read_body,
@@ -26,19 +26,19 @@ from .asgi import (
     send_whole,
     timing_of,
 )
-from .formats import Format, Tap
-from .formats.chat import CHAT, ChatTap
-from .ledger.entry import LedgerEntry
-from .ledger.service import RequestCalls
-from .metrics import Metrics
-from .pipeline.model import PipelineResult, RequestView
-from .pipeline.work import Cancelled, Work
-from .retrieval.loop import Finish, ReadLoop, Rounds
-from .routes import caller_of, header_map, services_of
-from .services import Services
-from .session import Identity, resolve
-from .upstream.thinking import Binding
-from .writes import Mode, Writes
+from proxy.formats import Format, Tap
+from proxy.formats.chat import CHAT, ChatTap
+from proxy.ledger.entry import LedgerEntry
+from proxy.ledger.service import RequestCalls
+from proxy.metrics import Metrics
+from proxy.pipeline.model import PipelineResult, RequestView
+from proxy.pipeline.work import Cancelled, Work
+from proxy.retrieval.loop import Finish, ReadLoop, Rounds
+from proxy.routes import caller_of, header_map, services_of
+from proxy.services import Services
+from proxy.session import Identity, resolve
+from proxy.upstream.thinking import Binding
+from proxy.writes import Mode, Writes
 
 __all__ = ["HUGE_BODY", "LARGE_BODY", "Conversation", "ctx_headers"]
 

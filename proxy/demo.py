@@ -21,11 +21,11 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from .app import create_app
-from .config import config_from_mapping
-from .testing.fake_upstream import FakeUpstream, Reply
-from .testing.own_calls import own_call
-from .testing.servers import serve_in_thread
+from proxy.app import create_app
+from proxy.config import config_from_mapping
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.own_calls import own_call
+from proxy.testing.servers import serve_in_thread
 
 MODEL = "demo-model"
 WINDOW = 64_000

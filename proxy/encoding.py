@@ -18,7 +18,7 @@ from typing import Final
 
 import zstandard
 
-from .errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from proxy.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 __all__ = ["SUPPORTED", "decode_body", "encodings"]
 

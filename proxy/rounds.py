@@ -23,17 +23,17 @@ from typing import Any, Final
 
 import orjson
 
-from .errors import StoreUnavailable
-from .formats.messages import MESSAGES
-from .formats.responses import RESPONSES
-from .lru import LRU
-from .pipeline.model import WIRE, Message, RequestView
-from .pipeline.replay import Replayed, answer_key, key, keys_at
-from .retrieval.loop import Rounds
-from .session import Identity
-from .store.interfaces import RoundStore
-from .store.rounds import RoundsRecord, encode_body
-from .writes import Mode, Writes
+from proxy.errors import StoreUnavailable
+from proxy.formats.messages import MESSAGES
+from proxy.formats.responses import RESPONSES
+from proxy.lru import LRU
+from proxy.pipeline.model import WIRE, Message, RequestView
+from proxy.pipeline.replay import Replayed, answer_key, key, keys_at
+from proxy.retrieval.loop import Rounds
+from proxy.session import Identity
+from proxy.store.interfaces import RoundStore
+from proxy.store.rounds import RoundsRecord, encode_body
+from proxy.writes import Mode, Writes
 
 __all__ = ["Replays", "replayed"]
 

@@ -11,12 +11,12 @@ from urllib.parse import quote, unquote
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from .asgi import JSON_CT, read_body, run_until_disconnect, send_whole
-from .auth import Caller
-from .errors import BadRequest, ProxyError
+from proxy.asgi import JSON_CT, read_body, run_until_disconnect, send_whole
+from proxy.auth import Caller
+from proxy.errors import BadRequest, ProxyError
 
 if TYPE_CHECKING:
-    from .services import Services
+    from proxy.services import Services
 
 log = logging.getLogger("proxy.access")
 

@@ -38,34 +38,34 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .archive import Archive, NullArchive
-from .auth import Gate
-from .background import Background
-from .catalog import Capabilities, ModelFacts
-from .compaction.client import CallKind, SummarizerClient
-from .compaction.compactor import Compactor, NullCompactor
-from .compaction.planner import Planner
-from .compaction.windows import ContextWindows
-from .config import Config, LedgerConfig, PriceConfig
-from .heap import Trimmer, limit_arenas
-from .ledger.calls import CallSink
-from .ledger.prices import Price, Prices
-from .ledger.service import Ledger, NullLedger
-from .memory.service import Memory, NullMemory
-from .metrics import Metrics
-from .pipeline.count import RequestCounter
-from .pipeline.model import Stage
-from .pipeline.offload import Offloader
-from .pipeline.runner import Pipeline
-from .pipeline.tokens import TokenCounter
-from .retrieval.loop import Reader, ReadLoop
-from .retrieval.messages_loop import MessagesReader
-from .retrieval.responses_loop import ResponsesReader
-from .retrieval.tool import ReadTool
-from .rounds import Replays
-from .store.backend import open_backend
-from .store.db import SessionRow
-from .store.interfaces import (
+from proxy.archive import Archive, NullArchive
+from proxy.auth import Gate
+from proxy.background import Background
+from proxy.catalog import Capabilities, ModelFacts
+from proxy.compaction.client import CallKind, SummarizerClient
+from proxy.compaction.compactor import Compactor, NullCompactor
+from proxy.compaction.planner import Planner
+from proxy.compaction.windows import ContextWindows
+from proxy.config import Config, LedgerConfig, PriceConfig
+from proxy.heap import Trimmer, limit_arenas
+from proxy.ledger.calls import CallSink
+from proxy.ledger.prices import Price, Prices
+from proxy.ledger.service import Ledger, NullLedger
+from proxy.memory.service import Memory, NullMemory
+from proxy.metrics import Metrics
+from proxy.pipeline.count import RequestCounter
+from proxy.pipeline.model import Stage
+from proxy.pipeline.offload import Offloader
+from proxy.pipeline.runner import Pipeline
+from proxy.pipeline.tokens import TokenCounter
+from proxy.retrieval.loop import Reader, ReadLoop
+from proxy.retrieval.messages_loop import MessagesReader
+from proxy.retrieval.responses_loop import ResponsesReader
+from proxy.retrieval.tool import ReadTool
+from proxy.rounds import Replays
+from proxy.store.backend import open_backend
+from proxy.store.db import SessionRow
+from proxy.store.interfaces import (
     MemoryStore,
     Originals,
     SessionFiles,
@@ -73,17 +73,17 @@ from .store.interfaces import (
     StoreBackend,
     Summaries,
 )
-from .store.sessions import SessionCounters
-from .store.summaries import SummaryRecord
-from .store.usage import DiskUsage
-from .telemetry import Telemetry, open_telemetry
-from .tokenizer_data import ensure_tiktoken_offline, read_litellm_model_map
-from .upstream.forward import Forwarder
-from .upstream.http import Upstream
-from .upstream.litellm_route import LitellmRouter
-from .upstream.providers import Upstreams
-from .upstream.thinking import ThinkingBindings
-from .writes import WritePolicy
+from proxy.store.sessions import SessionCounters
+from proxy.store.summaries import SummaryRecord
+from proxy.store.usage import DiskUsage
+from proxy.telemetry import Telemetry, open_telemetry
+from proxy.tokenizer_data import ensure_tiktoken_offline, read_litellm_model_map
+from proxy.upstream.forward import Forwarder
+from proxy.upstream.http import Upstream
+from proxy.upstream.litellm_route import LitellmRouter
+from proxy.upstream.providers import Upstreams
+from proxy.upstream.thinking import ThinkingBindings
+from proxy.writes import WritePolicy
 
 __all__ = ["Services", "cache_split", "files_url", "open_services"]
 

@@ -30,9 +30,9 @@ from collections.abc import Callable, Coroutine
 from enum import Enum
 from typing import Any
 
-from .background import Background
-from .metrics import Metrics
-from .store.usage import DiskUsage
+from proxy.background import Background
+from proxy.metrics import Metrics
+from proxy.store.usage import DiskUsage
 
 __all__ = ["REJECTED", "Mode", "WritePolicy", "Writes"]
 

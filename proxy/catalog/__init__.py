@@ -1,5 +1,5 @@
 """What is known per model: its capabilities on the provider's API (data, no network)."""
 
-from .capabilities import Capabilities, ModelFacts
+from proxy.catalog.capabilities import Capabilities, ModelFacts
 
 __all__ = ["Capabilities", "ModelFacts"]

@@ -42,13 +42,13 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from ..catalog import Capabilities
-from ..errors import ProxyError, SummarizerError, UpstreamError, UpstreamStatusError
-from ..ledger.calls import Call
-from ..upstream.http import Upstream
-from ..upstream.litellm_route import LitellmRouter
-from ..upstream.providers import Upstreams
-from ..upstream.redact import error_summary, redact
+from proxy.catalog import Capabilities
+from proxy.errors import ProxyError, SummarizerError, UpstreamError, UpstreamStatusError
+from proxy.ledger.calls import Call
+from proxy.upstream.http import Upstream
+from proxy.upstream.litellm_route import LitellmRouter
+from proxy.upstream.providers import Upstreams
+from proxy.upstream.redact import error_summary, redact
 
 log = logging.getLogger("proxy.pipeline")
 

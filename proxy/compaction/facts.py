@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from .sections import Section, join_sections, parse_heading, split_sections
+from proxy.compaction.sections import Section, join_sections, parse_heading, split_sections
 
 __all__ = ["FACTS_HEADING", "FACTS_INSTRUCTIONS", "split_facts", "stamp_facts", "with_facts"]
 

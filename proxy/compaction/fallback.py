@@ -21,11 +21,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..config import GuardConfig
-from .guard import guard_block, strip_guard
-from .prompt import SECTIONS, Message, content_text, shorten, tool_calls
-from .requests import UserRequests, compose_summary, parse_user_block, user_requests_block
-from .sections import REQUIRED, USER_KEY, Section, close_fences, normalise_newlines, split_sections
+from proxy.compaction.guard import guard_block, strip_guard
+from proxy.compaction.prompt import SECTIONS, Message, content_text, shorten, tool_calls
+from proxy.compaction.requests import (
+    UserRequests,
+    compose_summary,
+    parse_user_block,
+    user_requests_block,
+)
+from proxy.compaction.sections import (
+    REQUIRED,
+    USER_KEY,
+    Section,
+    close_fences,
+    normalise_newlines,
+    split_sections,
+)
+from proxy.config import GuardConfig
 
 __all__ = ["fallback_body", "fallback_summary"]
 

@@ -60,11 +60,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from ..config import GuardConfig
-from ..pipeline.files import call_files
-from .prompt import Message, content_text, shorten, tool_calls
-from .requests import parse_user_block
-from .sections import close_fences, join_sections, normalise_newlines, parse_heading, split_sections
+from proxy.compaction.prompt import Message, content_text, shorten, tool_calls
+from proxy.compaction.requests import parse_user_block
+from proxy.compaction.sections import (
+    close_fences,
+    join_sections,
+    normalise_newlines,
+    parse_heading,
+    split_sections,
+)
+from proxy.config import GuardConfig
+from proxy.pipeline.files import call_files
 
 __all__ = [
     "CUE_RE",

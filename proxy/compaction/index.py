@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..lru import LRU
-from ..store.interfaces import Summaries
+from proxy.lru import LRU
+from proxy.store.interfaces import Summaries
 
 __all__ = ["SummaryIndex"]
 

@@ -26,15 +26,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..config import CompactionConfig
-from ..pipeline.count import RequestCounter
-from ..pipeline.model import Message, RequestView
-from ..pipeline.native import head as native_head
-from ..pipeline.native import in_context, native
-from ..pipeline.turns import split, units
-from ..store.summaries import SummaryRecord
-from .message import summary_message
-from .windows import ContextWindows
+from proxy.compaction.message import summary_message
+from proxy.compaction.windows import ContextWindows
+from proxy.config import CompactionConfig
+from proxy.pipeline.count import RequestCounter
+from proxy.pipeline.model import Message, RequestView
+from proxy.pipeline.native import head as native_head
+from proxy.pipeline.native import in_context, native
+from proxy.pipeline.turns import split, units
+from proxy.store.summaries import SummaryRecord
 
 __all__ = ["Budget", "Decision", "Plan", "Planner"]
 

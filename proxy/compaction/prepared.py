@@ -15,9 +15,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..lru import LRU
-from ..store.summaries import SummaryRecord
-from .planner import Plan
+from proxy.compaction.planner import Plan
+from proxy.lru import LRU
+from proxy.store.summaries import SummaryRecord
 
 log = logging.getLogger("proxy.pipeline")
 

@@ -33,7 +33,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ..pipeline.model import Message
+from proxy.pipeline.model import Message
 
 __all__ = [
     "MIN_INPUT_CHARS",

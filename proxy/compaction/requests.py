@@ -33,9 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from .message import previous_text
-from .prompt import USER_REQUESTS_HEADING, Message, content_text, shorten
-from .sections import (
+from proxy.compaction.message import previous_text
+from proxy.compaction.prompt import USER_REQUESTS_HEADING, Message, content_text, shorten
+from proxy.compaction.sections import (
     USER_KEY,
     Section,
     close_fences,

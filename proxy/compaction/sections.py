@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from .prompt import SECTIONS, USER_REQUESTS_HEADING
+from proxy.compaction.prompt import SECTIONS, USER_REQUESTS_HEADING
 
 __all__ = [
     "MIN_CONTENT_CHARS",

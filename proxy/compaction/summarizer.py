@@ -29,13 +29,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..config import GuardConfig
-from ..errors import SummarizerError
-from .facts import split_facts, with_facts
-from .fallback import fallback_body, fallback_summary
-from .guard import guard_block, strip_guard
-from .message import CLOSING_LINE as CLOSING_LINE
-from .message import (
+from proxy.compaction.facts import split_facts, with_facts
+from proxy.compaction.fallback import fallback_body, fallback_summary
+from proxy.compaction.guard import guard_block, strip_guard
+from proxy.compaction.message import CLOSING_LINE as CLOSING_LINE
+from proxy.compaction.message import (
     SUMMARY_HEADING,
     find_summary_message,
     is_summary_message,
@@ -44,11 +42,17 @@ from .message import (
     summary_body,
     summary_message,
 )
-from .prompt import SECTIONS, USER_REQUESTS_HEADING, Message, build_prompt, retry_prompt
-from .prompt import content_text as content_text
-from .prompt import shorten as shorten
-from .prompt import tool_calls as tool_calls
-from .requests import (
+from proxy.compaction.prompt import (
+    SECTIONS,
+    USER_REQUESTS_HEADING,
+    Message,
+    build_prompt,
+    retry_prompt,
+)
+from proxy.compaction.prompt import content_text as content_text
+from proxy.compaction.prompt import shorten as shorten
+from proxy.compaction.prompt import tool_calls as tool_calls
+from proxy.compaction.requests import (
     UserRequests,
     compose_summary,
     merge_user_requests,
@@ -58,13 +62,15 @@ from .requests import (
     user_requests,
     user_requests_block,
 )
-from .sections import (
+from proxy.compaction.sections import (
     MIN_CONTENT_CHARS,
     clean_answer,
     is_valid_summary,
     normalize_summary,
     summary_problems,
 )
+from proxy.config import GuardConfig
+from proxy.errors import SummarizerError
 
 __all__ = [
     "MIN_CONTENT_CHARS",

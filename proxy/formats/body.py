@@ -28,7 +28,7 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-from ..errors import BadRequest
+from proxy.errors import BadRequest
 
 __all__ = [
     "ANTHROPIC",

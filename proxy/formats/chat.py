@@ -20,11 +20,11 @@ from typing import Any
 
 import orjson
 
-from ..errors import BadRequest, envelope
-from ..pipeline.model import Message
-from ..upstream.assemble import StreamAssembler, message_from_completion
-from . import Parsed, json
-from .body import Shape, check_objects, conform, load_object, require_model
+from proxy.errors import BadRequest, envelope
+from proxy.formats import Parsed, json
+from proxy.formats.body import Shape, check_objects, conform, load_object, require_model
+from proxy.pipeline.model import Message
+from proxy.upstream.assemble import StreamAssembler, message_from_completion
 
 __all__ = ["CHAT", "ChatFormat", "ChatTap", "parse", "write"]
 

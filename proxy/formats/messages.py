@@ -58,13 +58,13 @@ from typing import Any, Final
 
 import orjson
 
-from ..errors import BadRequest
-from ..pipeline.epoch import SIGNED, THINKING_DROPPED
-from ..pipeline.model import NATIVE, WIRE, Message
-from ..pipeline.native import COMPACTION
-from . import Parsed, json
-from .body import ANTHROPIC, Shape, check_objects, conform, load_object, require_model
-from .messages_answer import MessagesTap
+from proxy.errors import BadRequest
+from proxy.formats import Parsed, json
+from proxy.formats.body import ANTHROPIC, Shape, check_objects, conform, load_object, require_model
+from proxy.formats.messages_answer import MessagesTap
+from proxy.pipeline.epoch import SIGNED, THINKING_DROPPED
+from proxy.pipeline.model import NATIVE, WIRE, Message
+from proxy.pipeline.native import COMPACTION
 
 __all__ = [
     "MAX_CACHE_MARKERS",

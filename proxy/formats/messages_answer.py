@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from ..upstream.sse import SSEDecoder
+from proxy.upstream.sse import SSEDecoder
 
 __all__ = ["MessagesAssembler", "MessagesTap"]
 

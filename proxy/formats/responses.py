@@ -44,12 +44,12 @@ from typing import Any, Final
 
 import orjson
 
-from ..errors import BadRequest
-from ..pipeline.model import NATIVE, OPAQUE_TOKENS, WIRE, Message
-from ..pipeline.native import COMPACTION, opaque_tokens
-from . import Parsed, json
-from .body import Shape, check_objects, conform, json_type, load_object, require_model
-from .responses_answer import ResponsesTap
+from proxy.errors import BadRequest
+from proxy.formats import Parsed, json
+from proxy.formats.body import Shape, check_objects, conform, json_type, load_object, require_model
+from proxy.formats.responses_answer import ResponsesTap
+from proxy.pipeline.model import NATIVE, OPAQUE_TOKENS, WIRE, Message
+from proxy.pipeline.native import COMPACTION, opaque_tokens
 
 __all__ = ["RESPONSES", "ResponsesFormat", "chat_tools"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ..upstream.sse import SSEDecoder
+from proxy.upstream.sse import SSEDecoder
 
 __all__ = ["ResponsesTap"]
 

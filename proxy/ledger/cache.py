@@ -49,8 +49,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from .entry import Prefix
-from .usage import Usage
+from proxy.ledger.entry import Prefix
+from proxy.ledger.usage import Usage
 
 __all__ = [
     "ClientChange",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from ..session import Identity
+    from proxy.session import Identity
 
 __all__ = ["Call", "CallSink"]
 

@@ -38,18 +38,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ..compaction.message import is_summary_message
-from ..memory.inject import is_memory_message
-from ..pipeline.envelope import split_envelope
-from ..pipeline.epoch import THINKING_DROPPED
-from ..pipeline.markers import PREFIX
-from ..pipeline.model import WIRE, Message, result_text
-from ..pipeline.notice import split_notice, utf8_len
-from ..pipeline.rereads import parse_delta, parse_marker
-from ..pipeline.turns import RESULT_ROLES
-from ..pipeline.validate import PLACEHOLDER
-from ..store.tool_results import relative_path, result_id
-from .entry import Change
+from proxy.compaction.message import is_summary_message
+from proxy.ledger.entry import Change
+from proxy.memory.inject import is_memory_message
+from proxy.pipeline.envelope import split_envelope
+from proxy.pipeline.epoch import THINKING_DROPPED
+from proxy.pipeline.markers import PREFIX
+from proxy.pipeline.model import WIRE, Message, result_text
+from proxy.pipeline.notice import split_notice, utf8_len
+from proxy.pipeline.rereads import parse_delta, parse_marker
+from proxy.pipeline.turns import RESULT_ROLES
+from proxy.pipeline.validate import PLACEHOLDER
+from proxy.store.tool_results import relative_path, result_id
 
 __all__ = ["OWN_FORMS", "describe"]
 

@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from .usage import Usage
+from proxy.ledger.usage import Usage
 
 __all__ = [
     "CACHE_REASONS",

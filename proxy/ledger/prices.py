@@ -29,9 +29,9 @@ from typing import Any, Final
 
 import orjson
 
-from ..compaction.windows import PROVIDER_PREFIXES, fallback_variants, name_variants
-from ..tokenizer_data import litellm_model_map_path
-from .usage import Usage
+from proxy.compaction.windows import PROVIDER_PREFIXES, fallback_variants, name_variants
+from proxy.ledger.usage import Usage
+from proxy.tokenizer_data import litellm_model_map_path
 
 __all__ = ["Price", "Prices"]
 

@@ -15,15 +15,10 @@ from typing import Any, Final
 
 import orjson
 
-from ..config import LedgerConfig, OffloadConfig
-from ..formats import Parsed
-from ..formats.messages import strip_cache_control
-from ..pipeline.count import RequestCounter
-from ..pipeline.model import PipelineResult
-from ..pipeline.turns import LEADING_ROLES
-from ..session import Identity
-from ..store.chains import DigestCacheLike, canonical, chain_hashes
-from .cache import (
+from proxy.config import LedgerConfig, OffloadConfig
+from proxy.formats import Parsed
+from proxy.formats.messages import strip_cache_control
+from proxy.ledger.cache import (
     ClientChange,
     attribute,
     cache_fell,
@@ -32,11 +27,16 @@ from .cache import (
     direct_usage,
     local_scale,
 )
-from .calls import Call
-from .changes import OWN_FORMS, describe
-from .entry import Change, LedgerEntry, Prefix
-from .prices import Prices
-from .usage import Usage, parse_usage
+from proxy.ledger.calls import Call
+from proxy.ledger.changes import OWN_FORMS, describe
+from proxy.ledger.entry import Change, LedgerEntry, Prefix
+from proxy.ledger.prices import Prices
+from proxy.ledger.usage import Usage, parse_usage
+from proxy.pipeline.count import RequestCounter
+from proxy.pipeline.model import PipelineResult
+from proxy.pipeline.turns import LEADING_ROLES
+from proxy.session import Identity
+from proxy.store.chains import DigestCacheLike, canonical, chain_hashes
 
 __all__ = ["Previous", "Recorder", "RequestCalls", "Ticket", "marker_free_chains"]
 

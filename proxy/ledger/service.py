@@ -29,21 +29,21 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ..background import Background
-from ..config import LedgerConfig, OffloadConfig
-from ..formats import Parsed
-from ..lru import LRU
-from ..metrics import Metrics
-from ..pipeline.count import RequestCounter
-from ..pipeline.model import PipelineResult
-from ..session import Identity
-from ..store.chains import DigestCacheLike
-from ..store.interfaces import LedgerStore
-from ..writes import Writes
-from .calls import Call
-from .entry import LedgerEntry
-from .prices import Prices
-from .record import Previous, Recorder, RequestCalls, Ticket
+from proxy.background import Background
+from proxy.config import LedgerConfig, OffloadConfig
+from proxy.formats import Parsed
+from proxy.ledger.calls import Call
+from proxy.ledger.entry import LedgerEntry
+from proxy.ledger.prices import Prices
+from proxy.ledger.record import Previous, Recorder, RequestCalls, Ticket
+from proxy.lru import LRU
+from proxy.metrics import Metrics
+from proxy.pipeline.count import RequestCounter
+from proxy.pipeline.model import PipelineResult
+from proxy.session import Identity
+from proxy.store.chains import DigestCacheLike
+from proxy.store.interfaces import LedgerStore
+from proxy.writes import Writes
 
 __all__ = ["Ledger", "NullLedger", "RequestCalls", "Ticket"]
 

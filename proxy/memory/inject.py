@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from ..compaction.prompt import content_text
-from ..pipeline.model import Message
+from proxy.compaction.prompt import content_text
+from proxy.pipeline.model import Message
 
 __all__ = ["MEMORY_HEADING", "inject", "is_memory_message", "memory_message"]
 

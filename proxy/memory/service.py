@@ -30,18 +30,18 @@ import time
 from datetime import UTC, date, datetime
 from typing import Final
 
-from ..background import Background
-from ..compaction.client import Complete, SummarizerClient
-from ..compaction.facts import stamp_facts
-from ..config import MemoryConfig
-from ..ledger.calls import CallSink
-from ..lru import LRU
-from ..pipeline.model import Message, RequestView
-from ..store.interfaces import MemoryStore
-from ..store.memory import FoldClaim, MemoryVersion, ScopeRow
-from ..writes import Mode, Writes
-from .fold import cap, clean_fold, fold_prompt
-from .inject import memory_message
+from proxy.background import Background
+from proxy.compaction.client import Complete, SummarizerClient
+from proxy.compaction.facts import stamp_facts
+from proxy.config import MemoryConfig
+from proxy.ledger.calls import CallSink
+from proxy.lru import LRU
+from proxy.memory.fold import cap, clean_fold, fold_prompt
+from proxy.memory.inject import memory_message
+from proxy.pipeline.model import Message, RequestView
+from proxy.store.interfaces import MemoryStore
+from proxy.store.memory import FoldClaim, MemoryVersion, ScopeRow
+from proxy.writes import Mode, Writes
 
 __all__ = ["Memory", "NoMemoryStore", "NullMemory"]
 

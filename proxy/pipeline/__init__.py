@@ -7,6 +7,13 @@ pure planner in :mod:`proxy.compaction.planner`; :mod:`.runner` runs them for a 
 carries out their effects through the services.
 """
 
-from .model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
+from proxy.pipeline.model import (
+    FileWrite,
+    Message,
+    PipelineResult,
+    RequestView,
+    Stage,
+    StageOutcome,
+)
 
 __all__ = ["FileWrite", "Message", "PipelineResult", "RequestView", "Stage", "StageOutcome"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .model import Message
+from proxy.pipeline.model import Message
 
 
 def tool_turns(messages: Sequence[Message]) -> tuple[dict[int, int], int]:

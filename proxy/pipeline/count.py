@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..lru import LRU
-from .model import Message, RequestView, StageOutcome
-from .tokens import REPLY_PRIMING, TokenCounter
+from proxy.lru import LRU
+from proxy.pipeline.model import Message, RequestView, StageOutcome
+from proxy.pipeline.tokens import REPLY_PRIMING, TokenCounter
 
 # Text at least this long is counted through the content cache (and off the event loop when
 # not cached yet); shorter text is cheap enough either way.

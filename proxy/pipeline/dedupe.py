@@ -41,10 +41,19 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Final
 
-from .markers import PREFIX, TOKEN, Pointer, as_pointer, pointer, read_pointer, token, untoken
-from .notice import utf8_len
-from .rereads import split_lines
-from .truncate import count_lines
+from proxy.pipeline.markers import (
+    PREFIX,
+    TOKEN,
+    Pointer,
+    as_pointer,
+    pointer,
+    read_pointer,
+    token,
+    untoken,
+)
+from proxy.pipeline.notice import utf8_len
+from proxy.pipeline.rereads import split_lines
+from proxy.pipeline.truncate import count_lines
 
 __all__ = ["BUDGET_BYTES", "CANDIDATES", "Dedup", "DedupIndex", "Earlier", "Span", "duplicate", "expand",
            "parse_reference"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from .model import Message
+from proxy.pipeline.model import Message
 
 __all__ = [
     "SIGNED",

@@ -43,11 +43,11 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from ..compaction.prompt import tool_calls
-from ..compaction.sections import normalise_newlines
-from ..config import ReadTool
-from ..lru import LRU
-from .model import Message
+from proxy.compaction.prompt import tool_calls
+from proxy.compaction.sections import normalise_newlines
+from proxy.config import ReadTool
+from proxy.lru import LRU
+from proxy.pipeline.model import Message
 
 __all__ = [
     "WHOLE",

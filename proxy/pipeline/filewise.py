@@ -35,15 +35,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..config import OffloadConfig, ToolPolicy
-from ..lru import LRU
-from .dedupe import DedupIndex, Earlier
-from .envelope import split_envelope
-from .files import CallCache, Provenance, provenance
-from .markers import PREFIX, Pointer
-from .model import Message, RequestView, result_text
-from .notice import parse_notice, utf8_len
-from .rereads import (
+from proxy.config import OffloadConfig, ToolPolicy
+from proxy.lru import LRU
+from proxy.pipeline.dedupe import DedupIndex, Earlier
+from proxy.pipeline.envelope import split_envelope
+from proxy.pipeline.files import CallCache, Provenance, provenance
+from proxy.pipeline.markers import PREFIX, Pointer
+from proxy.pipeline.model import Message, RequestView, result_text
+from proxy.pipeline.notice import parse_notice, utf8_len
+from proxy.pipeline.rereads import (
     Rereads,
     Supersession,
     delta_text,
@@ -53,8 +53,8 @@ from .rereads import (
     superseded,
     turns_upto,
 )
-from .turns import RESULT_ROLES
-from .work import DEFAULT_BUDGET, Work
+from proxy.pipeline.turns import RESULT_ROLES
+from proxy.pipeline.work import DEFAULT_BUDGET, Work
 
 __all__ = ["MARK_MIN_BYTES", "FileForms", "Form", "plain_lines"]
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
-    from ..session import Identity
-    from ..writes import Writes
-    from .work import Work
+    from proxy.pipeline.work import Work
+    from proxy.session import Identity
+    from proxy.writes import Writes
 
 __all__ = [
     "NATIVE",

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .model import NATIVE, Message, RequestView
-from .turns import leading_system_count, units
+from proxy.pipeline.model import NATIVE, Message, RequestView
+from proxy.pipeline.turns import leading_system_count, units
 
 __all__ = ["COMPACTION", "Native", "head", "in_context", "native", "newest_compaction",
            "opaque_tokens"]

@@ -21,25 +21,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..compaction.prompt import tool_calls
-from ..config import OffloadConfig, ReadTool, RetrievalConfig, ToolPolicy
-from ..lru import LRU
-from ..session import Identity
-from ..store.paths import tool_result_file
-from ..store.tool_results import relative_path, result_id
-from . import ageing
-from .epoch import ageing_epoch
-from .files import first_line, json_args, tool_path
-from .filewise import FileForms, Form
-from .markers import Pointer
-from .model import FileWrite, Message, RequestView, StageOutcome, result_text
-from .native import head as native_head
-from .native import native, newest_compaction
-from .notice import parse_notice
-from .policies import Policies
-from .quotes import choose, working_set
-from .truncate import recut, truncate
-from .turns import RESULT_ROLES
+from proxy.compaction.prompt import tool_calls
+from proxy.config import OffloadConfig, ReadTool, RetrievalConfig, ToolPolicy
+from proxy.lru import LRU
+from proxy.pipeline import ageing
+from proxy.pipeline.epoch import ageing_epoch
+from proxy.pipeline.files import first_line, json_args, tool_path
+from proxy.pipeline.filewise import FileForms, Form
+from proxy.pipeline.markers import Pointer
+from proxy.pipeline.model import FileWrite, Message, RequestView, StageOutcome, result_text
+from proxy.pipeline.native import head as native_head
+from proxy.pipeline.native import native, newest_compaction
+from proxy.pipeline.notice import parse_notice
+from proxy.pipeline.policies import Policies
+from proxy.pipeline.quotes import choose, working_set
+from proxy.pipeline.truncate import recut, truncate
+from proxy.pipeline.turns import RESULT_ROLES
+from proxy.session import Identity
+from proxy.store.paths import tool_result_file
+from proxy.store.tool_results import relative_path, result_id
 
 _MARKDOWN = (".md", ".mdx", ".markdown")
 

@@ -16,11 +16,11 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from ..config import ToolPolicy
-from ..lru import LRU
-from .files import json_args, shell_script
-from .model import Message
-from .turns import RESULT_ROLES
+from proxy.config import ToolPolicy
+from proxy.lru import LRU
+from proxy.pipeline.files import json_args, shell_script
+from proxy.pipeline.model import Message
+from proxy.pipeline.turns import RESULT_ROLES
 
 __all__ = ["SHELL_TOOLS", "Policies", "shell_command"]
 

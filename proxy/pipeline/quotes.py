@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..config import ReadTool
-from .ageing import tool_turns
-from .files import Provenance, patch_edits, provenance, same_file, shell_reads
-from .model import Message
+from proxy.config import ReadTool
+from proxy.pipeline.ageing import tool_turns
+from proxy.pipeline.files import Provenance, patch_edits, provenance, same_file, shell_reads
+from proxy.pipeline.model import Message
 
 __all__ = ["choose", "edited_paths", "file_reads", "patch_paths", "protected_reads",
            "shell_read_paths", "working_set"]

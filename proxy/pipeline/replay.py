@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..store.chains import CHAIN_HEX, canonical
-from .model import Message, RequestView, StageOutcome
+from proxy.pipeline.model import Message, RequestView, StageOutcome
+from proxy.store.chains import CHAIN_HEX, canonical
 
 __all__ = ["Replayed", "Source", "answer_key", "candidates", "insert", "key", "keys_at", "run"]
 

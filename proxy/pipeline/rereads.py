@@ -34,7 +34,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from .files import (
+from proxy.pipeline.files import (
     WHOLE,
     FileEdit,
     FileRead,
@@ -44,10 +44,20 @@ from .files import (
     shell_script,
     shell_tool,
 )
-from .markers import KEY, PREFIX, TOKEN, Pointer, as_pointer, pointer, read_pointer, token, untoken
-from .model import Message, result_text
-from .notice import utf8_len
-from .truncate import count_lines
+from proxy.pipeline.markers import (
+    KEY,
+    PREFIX,
+    TOKEN,
+    Pointer,
+    as_pointer,
+    pointer,
+    read_pointer,
+    token,
+    untoken,
+)
+from proxy.pipeline.model import Message, result_text
+from proxy.pipeline.notice import utf8_len
+from proxy.pipeline.truncate import count_lines
 
 __all__ = [
     "DELTA_MAX_RATIO",

@@ -37,23 +37,30 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ..compaction.planner import Decision, Planner
-from ..lru import LRU
-from ..memory.inject import inject
-from ..store.interfaces import Originals
-from ..store.summaries import SummaryRecord
-from ..writes import Mode
-from .ageing import aged_at
-from .count import CountStage, RequestCounter
-from .epoch import ageing_epoch, drop_thinking
-from .model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
-from .native import head as native_head
-from .offload import Offloader
-from .replay import Source as RoundsSource
-from .replay import run as replay_rounds
-from .turns import leading_system_count
-from .validate import ValidateStage
-from .work import Work
+from proxy.compaction.planner import Decision, Planner
+from proxy.lru import LRU
+from proxy.memory.inject import inject
+from proxy.pipeline.ageing import aged_at
+from proxy.pipeline.count import CountStage, RequestCounter
+from proxy.pipeline.epoch import ageing_epoch, drop_thinking
+from proxy.pipeline.model import (
+    FileWrite,
+    Message,
+    PipelineResult,
+    RequestView,
+    Stage,
+    StageOutcome,
+)
+from proxy.pipeline.native import head as native_head
+from proxy.pipeline.offload import Offloader
+from proxy.pipeline.replay import Source as RoundsSource
+from proxy.pipeline.replay import run as replay_rounds
+from proxy.pipeline.turns import leading_system_count
+from proxy.pipeline.validate import ValidateStage
+from proxy.pipeline.work import Work
+from proxy.store.interfaces import Originals
+from proxy.store.summaries import SummaryRecord
+from proxy.writes import Mode
 
 __all__ = ["Pipeline"]
 

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import orjson
 
-from .media import (
+from proxy.pipeline.media import (
     AUDIO_TOKENS_PER_SECOND,
     FILE_REFERENCE_TOKENS,
     _audio_tokens,
@@ -17,7 +17,7 @@ from .media import (
     image_dimensions_from_data_url,
     image_tokens,
 )
-from .model import OPAQUE_TOKENS, WIRE
+from proxy.pipeline.model import OPAQUE_TOKENS, WIRE
 
 O200K: Final = "o200k_base"
 CL100K: Final = "cl100k_base"

@@ -38,9 +38,8 @@ import orjson
 
 from proxy import tokenizer_data
 from proxy.lru import LRU
-
-from .media import FILE_REFERENCE_TOKENS, image_dimensions_from_data_url, image_tokens
-from .token_rules import (
+from proxy.pipeline.media import FILE_REFERENCE_TOKENS, image_dimensions_from_data_url, image_tokens
+from proxy.pipeline.token_rules import (
     CL100K,
     ENUM_INIT,
     ENUM_ITEM,

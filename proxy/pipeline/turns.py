@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .model import Message
+from proxy.pipeline.model import Message
 
 __all__ = ["LEADING_ROLES", "RESULT_ROLES", "Split", "leading_system_count", "split", "units"]
 

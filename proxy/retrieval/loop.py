@@ -34,15 +34,15 @@ import orjson
 from starlette.types import Send
 from yarl import URL
 
-from ..asgi import Headers, send_whole
-from ..errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
-from ..formats import json
-from ..session import Identity
-from ..upstream.http import Upstream, response_headers
-from ..upstream.relay import read_whole, redact_secret, sse_error_event
-from ..upstream.sse import SSEDecoder
-from ..upstream.thinking import Binding
-from .tool import ReadTool
+from proxy.asgi import Headers, send_whole
+from proxy.errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from proxy.formats import json
+from proxy.retrieval.tool import ReadTool
+from proxy.session import Identity
+from proxy.upstream.http import Upstream, response_headers
+from proxy.upstream.relay import read_whole, redact_secret, sse_error_event
+from proxy.upstream.sse import SSEDecoder
+from proxy.upstream.thinking import Binding
 
 log = logging.getLogger("proxy.upstream")
 

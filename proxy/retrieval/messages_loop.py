@@ -35,15 +35,15 @@ import orjson
 from starlette.types import Send
 from yarl import URL
 
-from ..asgi import Headers, send_whole
-from ..errors import ProxyError
-from ..formats import json
-from ..formats.messages_answer import MessagesAssembler
-from ..session import Identity
-from ..upstream.http import response_headers
-from ..upstream.relay import anthropic_error_event, read_whole
-from ..upstream.thinking import Binding
-from .loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut, frame
+from proxy.asgi import Headers, send_whole
+from proxy.errors import ProxyError
+from proxy.formats import json
+from proxy.formats.messages_answer import MessagesAssembler
+from proxy.retrieval.loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut, frame
+from proxy.session import Identity
+from proxy.upstream.http import response_headers
+from proxy.upstream.relay import anthropic_error_event, read_whole
+from proxy.upstream.thinking import Binding
 
 __all__ = ["MessagesReader"]
 

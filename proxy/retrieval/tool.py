@@ -9,17 +9,17 @@ from typing import Any
 
 import orjson
 
-from ..compaction.message import is_summary_message
-from ..config import Config
-from ..errors import OffloadedFileMissing
-from ..memory.inject import is_memory_message
-from ..pipeline.notice import parse_notice
-from ..pipeline.truncate import read_chunk
-from ..session import Identity
-from ..store import fs
-from ..store.backend import DiskFiles
-from ..store.interfaces import MemoryStore, Originals, SessionFiles
-from ..store.paths import DIALOG_DIR, MEMORY_DAYS_DIR, TOOL_RESULT_DIR
+from proxy.compaction.message import is_summary_message
+from proxy.config import Config
+from proxy.errors import OffloadedFileMissing
+from proxy.memory.inject import is_memory_message
+from proxy.pipeline.notice import parse_notice
+from proxy.pipeline.truncate import read_chunk
+from proxy.session import Identity
+from proxy.store import fs
+from proxy.store.backend import DiskFiles
+from proxy.store.interfaces import MemoryStore, Originals, SessionFiles
+from proxy.store.paths import DIALOG_DIR, MEMORY_DAYS_DIR, TOOL_RESULT_DIR
 
 _ALLOWED = re.compile(
     rf"(?:{TOOL_RESULT_DIR}/[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}\.txt"

@@ -12,13 +12,13 @@ import logging
 import os
 from pathlib import Path
 
-from ..config import StorageConfig
-from . import fs
-from .chains import DigestCache
-from .db import Database
-from .dialog import DialogArchive
-from .gc import GcReport, collect
-from .interfaces import (
+from proxy.config import StorageConfig
+from proxy.store import fs
+from proxy.store.chains import DigestCache
+from proxy.store.db import Database
+from proxy.store.dialog import DialogArchive
+from proxy.store.gc import GcReport, collect
+from proxy.store.interfaces import (
     FileKind,
     LedgerStore,
     MemoryStore,
@@ -28,12 +28,12 @@ from .interfaces import (
     StoreBackend,
     Summaries,
 )
-from .ledger import SqliteLedger
-from .memory import MemoryFiles
-from .rounds import SqliteRounds
-from .summaries import SummaryStore
-from .tool_results import ToolResultStore
-from .usage import DiskUsage
+from proxy.store.ledger import SqliteLedger
+from proxy.store.memory import MemoryFiles
+from proxy.store.rounds import SqliteRounds
+from proxy.store.summaries import SummaryStore
+from proxy.store.tool_results import ToolResultStore
+from proxy.store.usage import DiskUsage
 
 __all__ = ["DiskFiles", "FilesBackend", "open_backend"]
 
@@ -128,6 +128,6 @@ def open_backend(storage: StorageConfig, *, digest_cache_bytes: int) -> StoreBac
     """The backend ``storage`` names (blocking: opens files or connects)."""
     if storage.url is None:
         return FilesBackend(storage, digest_cache_bytes=digest_cache_bytes)
-    from .postgres import PostgresBackend  # psycopg only when it is used
+    from proxy.store.postgres import PostgresBackend  # psycopg only when it is used
 
     return PostgresBackend(storage, digest_cache_bytes=digest_cache_bytes)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ..errors import Hidden as Hidden
-from .paths import InvalidName, check_name
+from proxy.errors import Hidden as Hidden
+from proxy.store.paths import InvalidName, check_name
 
 __all__ = [
     "Entry",

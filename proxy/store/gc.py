@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import fs
-from .db import Database, format_ts
-from .ledger import SqliteLedger
-from .memory import expire_memory
-from .paths import DIALOG_DIR, MEMORY_DIR, SUMMARIES_DIR
-from .tool_results import ToolResultStore
-from .usage import DiskUsage
+from proxy.store import fs
+from proxy.store.db import Database, format_ts
+from proxy.store.ledger import SqliteLedger
+from proxy.store.memory import expire_memory
+from proxy.store.paths import DIALOG_DIR, MEMORY_DIR, SUMMARIES_DIR
+from proxy.store.tool_results import ToolResultStore
+from proxy.store.usage import DiskUsage
 
 __all__ = ["GcReport", "collect", "expire_archive"]
 

@@ -28,16 +28,16 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from ..ledger.entry import LedgerEntry, LedgerTotals
-    from .chains import DigestCacheLike
-    from .db import SessionRow
-    from .dialog import FileSpan, RecordResult
-    from .fs import Entry
-    from .gc import GcReport
-    from .memory import FoldClaim, MemoryVersion, ScopeRow
-    from .rounds import RoundsRecord
-    from .summaries import SummaryRecord
-    from .usage import DiskUsage
+    from proxy.ledger.entry import LedgerEntry, LedgerTotals
+    from proxy.store.chains import DigestCacheLike
+    from proxy.store.db import SessionRow
+    from proxy.store.dialog import FileSpan, RecordResult
+    from proxy.store.fs import Entry
+    from proxy.store.gc import GcReport
+    from proxy.store.memory import FoldClaim, MemoryVersion, ScopeRow
+    from proxy.store.rounds import RoundsRecord
+    from proxy.store.summaries import SummaryRecord
+    from proxy.store.usage import DiskUsage
 
 __all__ = [
     "DialogStore",

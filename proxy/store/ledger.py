@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, Final, Protocol
 
-from ..ledger.entry import LedgerEntry, LedgerTotals, decode_entry, encode_entry
-from ..ledger.usage import Usage
-from .db import Database
-from .paths import check_name
+from proxy.ledger.entry import LedgerEntry, LedgerTotals, decode_entry, encode_entry
+from proxy.ledger.usage import Usage
+from proxy.store.db import Database
+from proxy.store.paths import check_name
 
 __all__ = ["PG_SQL", "SQLITE_SQL", "Cursor", "Execute", "LedgerSql", "SqlLedger", "SqliteLedger", "like_pattern"]
 

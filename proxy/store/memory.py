@@ -32,9 +32,9 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
-from . import fs
-from .db import Database, format_ts, parse_ts, utc
-from .paths import (
+from proxy.store import fs
+from proxy.store.db import Database, format_ts, parse_ts, utc
+from proxy.store.paths import (
     MEMORY_DAYS_DIR,
     MEMORY_DIR,
     MEMORY_FILE,

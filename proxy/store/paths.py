@@ -33,7 +33,7 @@ from datetime import date
 from pathlib import Path
 from typing import Final
 
-from ..errors import InvalidName as InvalidName
+from proxy.errors import InvalidName as InvalidName
 
 __all__ = [
     "DB_FILENAME",

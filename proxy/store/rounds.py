@@ -32,8 +32,8 @@ from typing import Final
 import msgspec
 import orjson
 
-from .db import Database, format_ts, parse_ts, utc
-from .paths import check_name
+from proxy.store.db import Database, format_ts, parse_ts, utc
+from proxy.store.paths import check_name
 
 __all__ = ["RoundsRecord", "SqliteRounds", "decode_body", "encode_body"]
 

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import threading
 
-from .interfaces import SessionIndex
+from proxy.store.interfaces import SessionIndex
 
 __all__ = ["SessionCounters"]
 

@@ -22,9 +22,9 @@ import stat
 import time
 from pathlib import Path
 
-from ..errors import OffloadedFileMissing as OffloadedFileMissing
-from . import fs
-from .paths import (
+from proxy.errors import OffloadedFileMissing as OffloadedFileMissing
+from proxy.store import fs
+from proxy.store.paths import (
     MEMORY_DIR,
     STAGING_DIR,
     TOOL_RESULT_DIR,

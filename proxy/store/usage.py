@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from . import fs
+from proxy.store import fs
 
 __all__ = ["DiskUsage"]
 

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import Send
 
-from ..config import TelemetryConfig
-from ..errors import ConfigError
+from proxy.config import TelemetryConfig
+from proxy.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..ledger.entry import LedgerEntry
-    from ..pipeline.model import PipelineResult
-    from ..session import Identity
+    from proxy.ledger.entry import LedgerEntry
+    from proxy.pipeline.model import PipelineResult
+    from proxy.session import Identity
 
 __all__ = [
     "NULL_SPAN",
@@ -173,7 +173,7 @@ def open_telemetry(config: TelemetryConfig) -> Telemetry:
     if not config.enabled:
         return NullTelemetry()
     try:
-        from .otel import OtelTelemetry
+        from proxy.telemetry.otel import OtelTelemetry
     except ImportError as exc:
         raise ConfigError(
             f"telemetry.enabled needs the otel extra (pip install 'ctxproxy[otel]'): {exc}"

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from ..errors import ProxyError
-from ..ledger.entry import LedgerEntry
-from ..ledger.usage import Usage
+from proxy.errors import ProxyError
+from proxy.ledger.entry import LedgerEntry
+from proxy.ledger.usage import Usage
 
 __all__ = [
     "OPERATION",

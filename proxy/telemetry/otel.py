@@ -30,10 +30,10 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import Message, Send
 
-from .. import __version__
-from ..config import TelemetryConfig
-from . import NULL_SPAN, RequestSpan
-from .attributes import (
+from proxy import __version__
+from proxy.config import TelemetryConfig
+from proxy.telemetry import NULL_SPAN, RequestSpan
+from proxy.telemetry.attributes import (
     end_attributes,
     ledger_attributes,
     pipeline_attributes,
@@ -44,9 +44,9 @@ from .attributes import (
 )
 
 if TYPE_CHECKING:
-    from ..ledger.entry import LedgerEntry
-    from ..pipeline.model import PipelineResult
-    from ..session import Identity
+    from proxy.ledger.entry import LedgerEntry
+    from proxy.pipeline.model import PipelineResult
+    from proxy.session import Identity
 
 __all__ = ["OtelSpan", "OtelTelemetry"]
 

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..app import App, create_app
-from ..config import Config
-from ..formats.messages import cache_markers
-from .fake_upstream import FakeUpstream, Reply
-from .fake_wire import reasoning_token
-from .servers import serve_in_thread
+from proxy.app import App, create_app
+from proxy.config import Config
+from proxy.formats.messages import cache_markers
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_wire import reasoning_token
+from proxy.testing.servers import serve_in_thread
 
 __all__ = ["FINAL", "MODEL", "PRESERVED_THINKING_MODEL", "Session", "claude_binary", "markers",
            "run_claude", "run_prefix_checked_session", "run_session", "summarizer_request"]

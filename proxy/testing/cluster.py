@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from .process import ProxyProcess, free_port, healthy
+from proxy.testing.process import ProxyProcess, free_port, healthy
 
 __all__ = ["Cluster", "Haproxy", "find_haproxy", "haproxy_config"]
 

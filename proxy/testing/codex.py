@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from .fake_upstream import Reply
-from .own_calls import own_call
-from .servers import ASGIApp
+from proxy.testing.fake_upstream import Reply
+from proxy.testing.own_calls import own_call
+from proxy.testing.servers import ASGIApp
 
 __all__ = ["Recording", "RemoteCompaction", "ShellScript", "Turn", "codex_binary", "next_step",
            "run_codex", "write_codex_home"]

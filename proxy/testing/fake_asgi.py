@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-from .fake_replies import Received
+from proxy.testing.fake_replies import Received
 
 __all__ = [
     "AbortConnection",

@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from .fake_replies import ErrorDetail, Received, Reply, split_text
-from .fake_wire import (
+from proxy.testing.fake_replies import ErrorDetail, Received, Reply, split_text
+from proxy.testing.fake_wire import (
     ToolCall,
     Usage,
     WireFormat,

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from .prompt_cache import Prompt
+from proxy.testing.prompt_cache import Prompt
 
 __all__ = [
     "CREATED",

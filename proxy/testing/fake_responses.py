@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fake_replies import CREATED, Received, Reply, reply_error_body, split_text
-from .fake_wire import (
+from proxy.testing.fake_replies import CREATED, Received, Reply, reply_error_body, split_text
+from proxy.testing.fake_wire import (
     ToolCall,
     Usage,
     WireFormat,

@@ -59,7 +59,7 @@ from typing import Any
 
 import orjson
 
-from .fake_asgi import (
+from proxy.testing.fake_asgi import (
     AbortConnection,
     Receive,
     Scope,
@@ -70,16 +70,16 @@ from .fake_asgi import (
     sleep_or_disconnect,
     until_disconnect,
 )
-from .fake_asgi import Message as Message
-from .fake_messages import (
+from proxy.testing.fake_asgi import Message as Message
+from proxy.testing.fake_messages import (
     MESSAGES,
     count_tokens_body,
     message_body,
     message_events,
     messages_error_body,
 )
-from .fake_replies import CREATED as CREATED
-from .fake_replies import (
+from proxy.testing.fake_replies import CREATED as CREATED
+from proxy.testing.fake_replies import (
     DONE,
     JSON_CT,
     SSE_HEADERS,
@@ -92,17 +92,17 @@ from .fake_replies import (
     model_object,
     reply_headers,
 )
-from .fake_responses import RESPONSES
-from .fake_wire import CHAT, WireFormat, whole_body
-from .prefix_check import (
+from proxy.testing.fake_responses import RESPONSES
+from proxy.testing.fake_wire import CHAT, WireFormat, whole_body
+from proxy.testing.prefix_check import (
     HEADER_REQUIRED_MESSAGE,
     Binder,
     Failure,
     beta_enabled,
     block_binding_of,
 )
-from .prompt_cache import PromptCache, cache_key
-from .provider_rules import (
+from proxy.testing.prompt_cache import PromptCache, cache_key
+from proxy.testing.provider_rules import (
     DEFAULT_MODEL_RULES,
     ModelRules,
     Violation,

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .fake_replies import (
+from proxy.testing.fake_replies import (
     ErrorDetail,
     Received,
     Reply,

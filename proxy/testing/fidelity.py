@@ -56,16 +56,16 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from ..app import create_app
-from ..compaction.message import SUMMARY_HEADING
-from ..compaction.prompt import SECTIONS
-from ..config import CompactionConfig, Config, config_from_mapping
-from ..retrieval.tool import ReadTool
-from ..session import Identity, safe_name, tenant_of
-from .fake_replies import Reply
-from .fake_upstream import FakeUpstream
-from .inprocess import InProcess
-from .servers import serve_in_thread
+from proxy.app import create_app
+from proxy.compaction.message import SUMMARY_HEADING
+from proxy.compaction.prompt import SECTIONS
+from proxy.config import CompactionConfig, Config, config_from_mapping
+from proxy.retrieval.tool import ReadTool
+from proxy.session import Identity, safe_name, tenant_of
+from proxy.testing.fake_replies import Reply
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.testing.inprocess import InProcess
+from proxy.testing.servers import serve_in_thread
 
 __all__ = [
     "FORMATS", "GUARDED", "KINDS", "MODES", "OUTCOMES", "Canary", "Checkpoint", "EditQuote",

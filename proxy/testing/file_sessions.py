@@ -50,15 +50,15 @@ from typing import Any, Literal
 
 import orjson
 
-from ..app import create_app
-from ..compaction.message import SUMMARY_HEADING
-from ..config import Config, config_from_mapping
-from .claude_code import MODEL as CLAUDE_MODEL
-from .claude_code import summarizer_request
-from .codex import Recording, run_codex, write_codex_home
-from .fake_upstream import FakeUpstream, Reply
-from .own_calls import own_call
-from .servers import serve_in_thread
+from proxy.app import create_app
+from proxy.compaction.message import SUMMARY_HEADING
+from proxy.config import Config, config_from_mapping
+from proxy.testing.claude_code import MODEL as CLAUDE_MODEL
+from proxy.testing.claude_code import summarizer_request
+from proxy.testing.codex import Recording, run_codex, write_codex_home
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.own_calls import own_call
+from proxy.testing.servers import serve_in_thread
 
 __all__ = [
     "CLAUDE_MODEL",

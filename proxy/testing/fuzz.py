@@ -38,10 +38,10 @@ from typing import Any, Final
 
 import orjson
 
-from ..compaction.message import SUMMARY_HEADING
-from ..compaction.prompt import SECTIONS, SYSTEM_PROMPT
-from ..pipeline.notice import MARKER
-from .fake_upstream import Reply
+from proxy.compaction.message import SUMMARY_HEADING
+from proxy.compaction.prompt import SECTIONS, SYSTEM_PROMPT
+from proxy.pipeline.notice import MARKER
+from proxy.testing.fake_upstream import Reply
 
 __all__ = [
     "ENVELOPE_KEYS",

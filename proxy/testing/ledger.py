@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from ..ledger.entry import LedgerEntry, LedgerTotals
+from proxy.ledger.entry import LedgerEntry, LedgerTotals
 
 __all__ = ["MemoryLedger"]
 

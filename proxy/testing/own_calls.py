@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from ..compaction.prompt import SYSTEM_PROMPT
-from ..memory.fold import fold_prompt
+from proxy.compaction.prompt import SYSTEM_PROMPT
+from proxy.memory.fold import fold_prompt
 
 __all__ = ["FOLD_MARK", "SUMMARIZER_MARK", "instructions_of", "last_text", "own_call"]
 

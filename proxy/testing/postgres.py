@@ -24,7 +24,7 @@ from typing import Self
 
 import psycopg
 
-from .process import free_port
+from proxy.testing.process import free_port
 
 __all__ = ["PostgresServer", "find_binaries"]
 

@@ -36,8 +36,8 @@ from typing import Any, Literal
 
 import orjson
 
-from ..formats.messages import strip_cache_control
-from .fake_wire import bound_reasoning_token
+from proxy.formats.messages import strip_cache_control
+from proxy.testing.fake_wire import bound_reasoning_token
 
 __all__ = [
     "BETA",

@@ -43,12 +43,12 @@ from typing import Any, Final, Literal, Protocol, Self
 import aiohttp
 import orjson
 
-from ..formats import Format
-from ..formats.chat import CHAT
-from ..formats.messages import MESSAGES
-from ..formats.responses import RESPONSES
-from ..pipeline.model import Message
-from ..pipeline.tokens import TokenCounter
+from proxy.formats import Format
+from proxy.formats.chat import CHAT
+from proxy.formats.messages import MESSAGES
+from proxy.formats.responses import RESPONSES
+from proxy.pipeline.model import Message
+from proxy.pipeline.tokens import TokenCounter
 
 __all__ = [
     "Answer",

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from .servers import format_url
+from proxy.testing.servers import format_url
 
 __all__ = ["ProxyProcess", "free_port", "healthy"]
 

@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import orjson
 
-from ..formats.messages import strip_cache_control
+from proxy.formats.messages import strip_cache_control
 
 __all__ = [
     "MIN_OPENAI_PREFIX",

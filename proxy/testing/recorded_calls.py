@@ -28,10 +28,10 @@ from typing import Any
 
 import orjson
 
-from .claude_code import claude_binary, run_claude
-from .codex import codex_binary, run_codex, write_codex_home
-from .fake_upstream import FakeUpstream, Reply
-from .servers import serve_in_thread
+from proxy.testing.claude_code import claude_binary, run_claude
+from proxy.testing.codex import codex_binary, run_codex, write_codex_home
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.servers import serve_in_thread
 
 __all__ = ["CLAUDE_WORK", "CODEX_WORK", "Script", "claude_calls", "codex_calls", "main",
            "record_claude", "record_codex"]

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import orjson
 
-from ..compaction.prompt import SECTIONS, SYSTEM_PROMPT
-from ..pipeline.notice import parse_notice
-from ..pipeline.truncate import read_chunk
-from .fake_upstream import FakeUpstream, Reply
-from .own_calls import instructions_of
+from proxy.compaction.prompt import SECTIONS, SYSTEM_PROMPT
+from proxy.pipeline.notice import parse_notice
+from proxy.pipeline.truncate import read_chunk
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.own_calls import instructions_of
 
 __all__ = ["FINAL", "MODEL", "RECENT_MAX", "TOOLS", "WINDOW", "Agent", "Model", "forwarded",
            "output"]

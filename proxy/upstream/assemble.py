@@ -45,14 +45,14 @@ from typing import Any, Final
 
 import orjson
 
-from .choices import (
+from proxy.upstream.choices import (
     Choice,
     apply_delta,
     apply_logprobs,
     build_message,
     message_from_completion,
 )
-from .sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder
+from proxy.upstream.sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder
 
 __all__ = ["DEFAULT_MAX_EVENT_BYTES", "StreamAssembler", "message_from_completion"]
 

@@ -6,10 +6,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.types import Scope, Send
 
-from ..asgi import timing_of
-from .http import Upstream, response_headers
-from .relay import relay_buffered, relay_stream, sse_error_event
-from .thinking import Binding
+from proxy.asgi import timing_of
+from proxy.upstream.http import Upstream, response_headers
+from proxy.upstream.relay import relay_buffered, relay_stream, sse_error_event
+from proxy.upstream.thinking import Binding
 
 __all__ = ["Forwarder"]
 

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 import aiohttp
 from yarl import URL
 
-from ..config import UpstreamConfig
-from ..errors import UpstreamError, UpstreamTimeout
+from proxy.config import UpstreamConfig
+from proxy.errors import UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("proxy.upstream")
 

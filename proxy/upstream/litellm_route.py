@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import orjson
 
-from ..errors import (
+from proxy.errors import (
     ConfigError,
     ProxyError,
     UpstreamError,

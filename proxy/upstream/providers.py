@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Final, Literal
 
-from .forward import Forwarder
-from .http import Upstream
+from proxy.upstream.forward import Forwarder
+from proxy.upstream.http import Upstream
 
 __all__ = ["CREDENTIALS", "Provider", "Upstreams", "provider_of"]
 

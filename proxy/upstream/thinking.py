@@ -43,13 +43,13 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from ..background import Background
-from ..formats import json
-from ..lru import LRU
-from ..metrics import Metrics
-from ..session import Identity
-from .http import Upstream
-from .relay import read_whole
+from proxy.background import Background
+from proxy.formats import json
+from proxy.lru import LRU
+from proxy.metrics import Metrics
+from proxy.session import Identity
+from proxy.upstream.http import Upstream
+from proxy.upstream.relay import read_whole
 
 __all__ = [
     "BETA",

@@ -24,8 +24,8 @@ import orjson
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from . import chart
-from .markdown import Markdown
+from proxy.web import chart
+from proxy.web.markdown import Markdown
 
 __all__ = ["Pages", "chat_card"]
 

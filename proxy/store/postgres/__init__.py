@@ -13,21 +13,21 @@ import socket
 import time
 from datetime import UTC, datetime
 
-from ...config import StorageConfig
-from ..chains import DigestCache
-from ..fs import Entry, Hidden
-from ..gc import GcReport
-from ..interfaces import FileKind, MemoryStore
-from ..usage import DiskUsage
-from .dialog import PgDialog
-from .ledger import PgLedger
-from .memory import PgMemory
-from .originals import PgOriginals
-from .pool import PgPool
-from .rounds import PgRounds
-from .schema import SCHEMA_VERSION, upgrade
-from .sessions import PgSessions
-from .summaries import PgSummaries
+from proxy.config import StorageConfig
+from proxy.store.chains import DigestCache
+from proxy.store.fs import Entry, Hidden
+from proxy.store.gc import GcReport
+from proxy.store.interfaces import FileKind, MemoryStore
+from proxy.store.postgres.dialog import PgDialog
+from proxy.store.postgres.ledger import PgLedger
+from proxy.store.postgres.memory import PgMemory
+from proxy.store.postgres.originals import PgOriginals
+from proxy.store.postgres.pool import PgPool
+from proxy.store.postgres.rounds import PgRounds
+from proxy.store.postgres.schema import SCHEMA_VERSION, upgrade
+from proxy.store.postgres.sessions import PgSessions
+from proxy.store.postgres.summaries import PgSummaries
+from proxy.store.usage import DiskUsage
 
 __all__ = ["SCHEMA_VERSION", "PgFiles", "PgPool", "PostgresBackend", "upgrade"]
 

@@ -19,16 +19,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ...ledger.entry import decode_entry
-from .. import fs
-from ..db import Database, parse_ts
-from ..paths import DIALOG_DIR, MEMORY_DAYS_DIR, MEMORY_DIR, TOOL_RESULT_DIR, db_path
-from ..summaries import SummaryStore
-from . import PgPool
-from .ledger import PgLedger
-from .summaries import _COLUMNS as _SUMMARY_COLUMNS
-from .summaries import _MARKS as _SUMMARY_MARKS
-from .summaries import _row as _summary_row
+from proxy.ledger.entry import decode_entry
+from proxy.store import fs
+from proxy.store.db import Database, parse_ts
+from proxy.store.paths import DIALOG_DIR, MEMORY_DAYS_DIR, MEMORY_DIR, TOOL_RESULT_DIR, db_path
+from proxy.store.postgres import PgPool
+from proxy.store.postgres.ledger import PgLedger
+from proxy.store.postgres.summaries import _COLUMNS as _SUMMARY_COLUMNS
+from proxy.store.postgres.summaries import _MARKS as _SUMMARY_MARKS
+from proxy.store.postgres.summaries import _row as _summary_row
+from proxy.store.summaries import SummaryStore
 
 __all__ = ["CopyReport", "copy_data_dir"]
 

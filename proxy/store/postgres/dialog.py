@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from ..chains import DigestCacheLike
-from ..db import format_ts, utc
-from ..dialog import FileSpan, LineRef, RecordResult, line_of, pending, role_of
-from ..fs import Entry
-from ..paths import DIALOG_DIR, check_name, dialog_filename
-from .pool import PgPool
+from proxy.store.chains import DigestCacheLike
+from proxy.store.db import format_ts, utc
+from proxy.store.dialog import FileSpan, LineRef, RecordResult, line_of, pending, role_of
+from proxy.store.fs import Entry
+from proxy.store.paths import DIALOG_DIR, check_name, dialog_filename
+from proxy.store.postgres.pool import PgPool
 
 __all__ = ["PgDialog", "session_lock"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..ledger import PG_SQL, Execute, SqlLedger
-from .pool import PgPool
+from proxy.store.ledger import PG_SQL, Execute, SqlLedger
+from proxy.store.postgres.pool import PgPool
 
 __all__ = ["PgLedger"]
 

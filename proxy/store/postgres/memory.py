@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from ..db import utc
-from ..memory import FoldClaim, MemoryVersion, ScopeRow
-from ..paths import memory_day_parts
-from .pool import PgPool
+from proxy.store.db import utc
+from proxy.store.memory import FoldClaim, MemoryVersion, ScopeRow
+from proxy.store.paths import memory_day_parts
+from proxy.store.postgres.pool import PgPool
 
 __all__ = ["PgMemory"]
 

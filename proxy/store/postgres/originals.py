@@ -9,12 +9,12 @@ import secrets
 import time
 from datetime import UTC, datetime
 
-from ...errors import OffloadedFileMissing
-from ...lru import LRU
-from ..fs import Entry
-from ..paths import check_name
-from ..tool_results import relative_path
-from .pool import PgPool
+from proxy.errors import OffloadedFileMissing
+from proxy.lru import LRU
+from proxy.store.fs import Entry
+from proxy.store.paths import check_name
+from proxy.store.postgres.pool import PgPool
+from proxy.store.tool_results import relative_path
 
 __all__ = ["PgOriginals"]
 

@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ...errors import StoreUnavailable
+from proxy.errors import StoreUnavailable
 
 __all__ = ["PgPool"]
 

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-from ..db import utc
-from ..paths import check_name
-from ..rounds import RoundsRecord, decode_body, encode_body
-from .pool import PgPool
+from proxy.store.db import utc
+from proxy.store.paths import check_name
+from proxy.store.postgres.pool import PgPool
+from proxy.store.rounds import RoundsRecord, decode_body, encode_body
 
 __all__ = ["PgRounds"]
 

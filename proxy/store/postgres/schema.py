@@ -44,7 +44,7 @@ from typing import Any, Final
 
 import psycopg
 
-from ...errors import SchemaError
+from proxy.errors import SchemaError
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "schema_version", "upgrade"]
 

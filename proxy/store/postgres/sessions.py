@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from ..db import SessionRow, check_counters, utc
-from ..paths import check_name
-from .pool import PgPool
+from proxy.store.db import SessionRow, check_counters, utc
+from proxy.store.paths import check_name
+from proxy.store.postgres.pool import PgPool
 
 __all__ = ["PgSessions"]
 

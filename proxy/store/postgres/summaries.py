@@ -22,9 +22,9 @@ from typing import Any, Final
 
 import orjson
 
-from ..dialog import FileSpan
-from ..summaries import SummaryRecord, _markdown, _replaces
-from .pool import PgPool
+from proxy.store.dialog import FileSpan
+from proxy.store.postgres.pool import PgPool
+from proxy.store.summaries import SummaryRecord, _markdown, _replaces
 
 __all__ = ["PgSummaries"]
 
