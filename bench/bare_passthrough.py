@@ -1,6 +1,6 @@
 """Reference point for bench/overhead.py: the barest aiohttp server + client pass-through.
 
-    python bench/bare_passthrough.py UPSTREAM_BASE PORT   (e.g. http://127.0.0.1:8000)
+    python -m bench.bare_passthrough UPSTREAM_BASE PORT   (e.g. http://127.0.0.1:8000)
 
 No parsing, no headers beyond content-type, no streaming: the ceiling any Python proxy on
 this machine can reach, so ctxproxy's ratio can be read against it.

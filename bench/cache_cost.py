@@ -1,7 +1,7 @@
 """What a session costs under prompt caching: this tree against a baseline commit, same run
 (issue 19).
 
-    python bench/cache_cost.py [--steps 64] [--window 128000] [--seed 7] [--baseline aa22c7b]
+    python -m bench.cache_cost [--steps 64] [--window 128000] [--seed 7] [--baseline aa22c7b]
                                [--formats chat,responses,messages] [--json]
 
 Plays the scripted coding-agent session of bench/session.py (chat completions, Responses) and
@@ -56,10 +56,10 @@ from session import CONSTRAINTS, canonical_units, is_internal, stability  # benc
 import proxy
 from proxy.app import create_app
 from proxy.compaction.message import SUMMARY_HEADING
-from proxy.demo import MODEL, WIRES, ScriptedModel, drive, script
-from proxy.pipeline.tokens import TokenCounter
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.run import MODEL, WIRES, ScriptedModel, drive, script
+from proxy.demo.servers import serve_in_thread
+from proxy.tokens.counter import TokenCounter
 
 READ, WRITE, UNCACHED, OUTPUT = 0.1, 1.25, 1.0, 5.0
 FORMULA = ("cost_i = 0.1 * P_i + 1.25 * (T_i - P_i) per model request (first: 1.25 * T_1); "

@@ -1,10 +1,10 @@
 """A Claude Code session through ctxproxy: tokens in and out per turn (issue 14).
 
-    python bench/claude_code.py [--reads 10] [--lines 500] [--window 120000]
+    python -m bench.claude_code [--reads 10] [--lines 500] [--window 120000]
 
 Runs the pinned Claude Code (``npm ci``) headless, ``claude -p``, through a real ctxproxy in
 front of the fake upstream, which scripts one ``Read`` of a data file per turn (``--lines``
-lines of ~75 bytes each) and then a final answer (proxy/testing/claude_code.py). Prints, per
+lines of ~75 bytes each) and then a final answer (harness/claude_code.py). Prints, per
 model request Claude Code made, the tokens it sent (``x-ctxproxy-tokens-in``), the tokens
 forwarded (``x-ctxproxy-tokens-out``), the results cut and whether a summary was in use.
 """
@@ -16,10 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.claude_code import MODEL, claude_binary, run_session
 from proxy.config import config_from_mapping
-from proxy.testing.claude_code import MODEL, claude_binary, run_session
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import serve_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,7 @@
 forwarded), with offloads and compactions, and the WebSocket fallback (426 vs the 403 a
 refused handshake gives). Prints a table; see bench/README.md.
 
-    python bench/codex_session.py [--window 24000] [--steps 8]
+    python -m bench.codex_session [--window 24000] [--steps 8]
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.codex import Recording, ShellScript, codex_binary, run_codex, write_codex_home
 from proxy.app import create_app
 from proxy.config import config_from_mapping
-from proxy.testing.codex import Recording, ShellScript, codex_binary, run_codex, write_codex_home
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import serve_in_thread
 
 SUMMARY = """## Goal
 Run the numbered shell steps and report.

@@ -1,6 +1,6 @@
 """``python -m proxy serve`` with the event loop in asyncio debug mode, for bench/load.py.
 
-    python bench/debug_serve.py --loop-report FILE --config FILE [--host H] [--port P]
+    python -m bench.debug_serve --loop-report FILE --config FILE [--host H] [--port P]
                                 [--log-level info]
 
 The same app (``create_app(load_config(...))``), uvicorn settings, event loop (uvloop when
@@ -24,10 +24,10 @@ from typing import Any
 
 import uvicorn
 
+from harness.slow_callbacks import SlowCallbacks
 from proxy.app import create_app
 from proxy.cli import _setup_logging, _with_overrides
 from proxy.config import exposure_problem, load_config
-from proxy.testing.slow_callbacks import SlowCallbacks
 
 
 class _Terminated(BaseException):

@@ -1,10 +1,10 @@
 """What an agent still knows after ctxproxy slims its context (issue 20).
 
-    python bench/fidelity.py [--guard on|off|both] [--mode fallback|weak|both]
+    python -m bench.fidelity [--guard on|off|both] [--mode fallback|weak|both]
                              [--format chat|responses|messages|all] [--window 24000]
                              [--scale 2] [--fillers 3] [--checkpoints]
 
-A long synthetic coding-agent session with typed canaries (proxy/testing/fidelity.py: the goal,
+A long synthetic coding-agent session with typed canaries (harness/fidelity.py: the goal,
 constraints, a preference, requests, a to-do, a path, an identifier, a number, an error and its
 fix, a decision and its reason, a file created then deleted, files edited after they were read)
 is replayed in the three wire formats through the real app in process, in front of the fake
@@ -28,7 +28,7 @@ import collections
 import logging
 import sys
 
-from proxy.testing.fidelity import (
+from harness.fidelity import (
     FORMATS,
     GUARDED,
     KINDS,

@@ -1,10 +1,10 @@
 """Model in the loop: ask a real model about a session, with its full history and with what
-ctxproxy forwarded (issue 20; :mod:`proxy.testing.probes`).
+ctxproxy forwarded (issue 20; :mod:`harness.probes`).
 
-    python bench/fidelity_probes.py --model-url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-8B
-    python bench/fidelity_probes.py --smollm2        # starts llama.cpp's server on SmolLM2-135M
+    python -m bench.fidelity_probes --model-url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-8B
+    python -m bench.fidelity_probes --smollm2        # starts llama.cpp's server on SmolLM2-135M
 
-Checkpoints come from the fidelity harness (``proxy.testing.fidelity``: its session replayed
+Checkpoints come from the fidelity harness (``harness.fidelity``: its session replayed
 by ``replay()`` in each format, summarizer in ``fallback`` mode, a small window) when it is in
 the tree and ``--builtin`` is not given; only those whose full history fits the model are asked
 (``--max-prompt-tokens``), the last per format by default. Else from a small built-in session: an agent
@@ -34,11 +34,7 @@ from typing import Any
 
 import httpx
 
-from proxy.app import create_app
-from proxy.config import config_from_mapping
-from proxy.pipeline.tokens import TokenCounter
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.probes import (
+from harness.probes import (
     Canary,
     ChatClient,
     Checkpoint,
@@ -48,7 +44,11 @@ from proxy.testing.probes import (
     histories,
     run_checkpoint,
 )
-from proxy.testing.servers import serve_in_thread
+from proxy.app import create_app
+from proxy.config import config_from_mapping
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import serve_in_thread
+from proxy.tokens.counter import TokenCounter
 
 ERROR = "KeyError: 'tenant_id'"
 FIX = "x-tenant-id"
@@ -185,13 +185,13 @@ def builtin_checkpoints(formats: Sequence[str]) -> list[Checkpoint]:
 def harness_checkpoints(formats: Sequence[str], args: argparse.Namespace
                         ) -> list[CheckpointLike] | None:
     """The fidelity harness's checkpoints (its session replayed in each format, summarizer in
-    ``fallback`` mode), when ``proxy.testing.fidelity`` is in this tree; None otherwise."""
-    if importlib.util.find_spec("proxy.testing.fidelity") is None:
+    ``fallback`` mode), when ``harness.fidelity`` is in this tree; None otherwise."""
+    if importlib.util.find_spec("harness.fidelity") is None:
         return None
-    fidelity: Any = importlib.import_module("proxy.testing.fidelity")  # the other half of issue 20
+    fidelity: Any = importlib.import_module("harness.fidelity")  # the other half of issue 20
 
     if not (hasattr(fidelity, "replay") and hasattr(fidelity, "build_script")):
-        print("# proxy.testing.fidelity has no replay()/build_script(): the built-in session",
+        print("# harness.fidelity has no replay()/build_script(): the built-in session",
               file=sys.stderr)
         return None
 

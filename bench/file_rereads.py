@@ -1,7 +1,7 @@
 """The file-aware rules on growing bodies: the pipeline time per body size, which must grow
 linearly (or n log n) with it.
 
-    python bench/file_rereads.py [--sizes 1.5,3,6,12] [--lines 40] [--calls 20000] [--off]
+    python -m bench.file_rereads [--sizes 1.5,3,6,12] [--lines 40] [--calls 20000] [--off]
                                  [--repeat 1]
 
 A chat body re-reading the same 8 files (``read_file`` with a ``path``, ``--lines`` lines
@@ -12,7 +12,7 @@ the rest), cycled to each size; then one assistant message making ``--calls`` to
 through a proxy in process in front of the fake upstream (``gpt-4o``: 128k tokens, so the
 re-read bodies compact). It prints per body its size, the pipeline time (the
 ``x-ctxproxy-pipeline-ms`` header), the whole request's time, the pipeline's work
-(``x-ctxproxy-work``: units of :mod:`proxy.pipeline.work`), whether the budget degraded it,
+(``x-ctxproxy-work``: units of :mod:`proxy.work`), whether the budget degraded it,
 and the ratio to the previous size (linear: the size ratio, 2.0 here). Every re-read's original
 is kept (fsynced: ms each on a busy disk, linear in the reads); ``--shm`` puts the data on a
 tmpfs to see the pipeline's CPU alone. ``--off`` switches the
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,14 +32,13 @@ from typing import Any
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.inprocess import InProcess
+from proxy.app import create_app
+from proxy.config import config_from_mapping
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import serve_in_thread
 
-from proxy.app import create_app  # noqa: E402
-from proxy.config import config_from_mapping  # noqa: E402
-from proxy.testing.fake_upstream import FakeUpstream  # noqa: E402
-from proxy.testing.inprocess import InProcess  # noqa: E402
-from proxy.testing.servers import serve_in_thread  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MB = 1024 * 1024
 

@@ -1,6 +1,6 @@
 """File-aware slimming (issue 22): what the file-aware rules save, off vs on in one run.
 
-    python bench/file_sessions.py [--sessions claude,codex,chat,responses,messages]
+    python -m bench.file_sessions [--sessions claude,codex,chat,responses,messages]
                                   [--steps 64] [--window 128000] [--seed 7] [--no-fidelity]
 
 Plays each session twice, through a fresh ctxproxy each time, in front of the fake upstream
@@ -14,7 +14,7 @@ markers, OpenAI's automatic 1,024-token prefixes) and reporting it in each answe
 Sessions:
 
 - ``claude``, ``codex``: the real Claude Code and Codex CLIs headless, re-reading and editing a
-  project of real files (proxy/testing/file_sessions.py: ~50 model turns, reads of whole files
+  project of real files (harness/file_sessions.py: ~50 model turns, reads of whole files
   and ranges, re-reads unchanged and changed, edits quoting what was read, a new file, an
   overwrite, a grep and a test log run three times each). Claude Code at Anthropic Sonnet's
   prices, Codex at OpenAI gpt-4.1's (as bench/ledger.py); windows 90k / 60k tokens.
@@ -50,17 +50,10 @@ from typing import Any
 import session_messages  # bench/session_messages.py
 from ledger import PRICES, _model, _session  # bench/ledger.py
 
-from proxy.app import create_app
-from proxy.config import Config
-from proxy.demo import MODEL
-from proxy.ledger.entry import LedgerEntry
-from proxy.ledger.usage import Usage
-from proxy.store.backend import open_backend
-from proxy.testing.claude_code import claude_binary
-from proxy.testing.codex import codex_binary
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.fidelity import MODES, Run, build_script, replay_all
-from proxy.testing.file_sessions import (
+from harness.claude_code import claude_binary
+from harness.codex import codex_binary
+from harness.fidelity import MODES, Run, build_script, replay_all
+from harness.file_sessions import (
     CLAUDE_MODEL,
     CODEX_MODEL,
     FileSession,
@@ -68,7 +61,14 @@ from proxy.testing.file_sessions import (
     run_codex_session,
     session_config,
 )
-from proxy.testing.servers import serve_in_thread
+from proxy.app import create_app
+from proxy.config import Config
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.run import MODEL
+from proxy.demo.servers import serve_in_thread
+from proxy.store.backend import open_backend
+from proxy.store.ledger_entry import LedgerEntry
+from proxy.usage import Usage
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS: dict[str, dict[str, Any]] = {

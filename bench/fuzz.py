@@ -1,7 +1,7 @@
 """Hostile requests in volume, per wire format: how many the proxy refuses, how many it breaks
 on (must be 0), and what a request costs it.
 
-    python bench/fuzz.py [--cases 10240] [--seed 4] [--formats chat,responses,messages,chat-bytes]
+    python -m bench.fuzz [--cases 10240] [--seed 4] [--formats chat,responses,messages,chat-bytes]
 
 The proxy runs in process (its lifespan and an httpx client calling it directly, as
 ``tests/test_fuzz.py`` runs it) in front of a non-recording fake upstream that plays the
@@ -31,22 +31,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.fuzz import FORMATS, MAX_BODY_MB, TINY, Case, Crashes, Gen, cases, judge, responder
+from harness.inprocess import InProcess
 from proxy.app import create_app
 from proxy.config import config_from_mapping
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.fuzz import (
-    FORMATS,
-    MAX_BODY_MB,
-    TINY,
-    Case,
-    Crashes,
-    Gen,
-    cases,
-    judge,
-    responder,
-)
-from proxy.testing.inprocess import InProcess
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import serve_in_thread
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The seeded fuzz corpus replayed: pipeline time per request and the process's memory.
 
-    python bench/fuzz_replay.py [--count 10000] [--seed 7] [--http] [--cache-mb 512]
+    python -m bench.fuzz_replay [--count 10000] [--seed 7] [--http] [--cache-mb 512]
                                 [--slowest 20] [--only 123,456] [--every 1000]
 
 Drives the proxy with ``tests/test_fuzz.py``'s seeded byte generator (``Gen``, the bodies
@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import logging
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,15 +33,14 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.fuzz import MAX_BODY_MB, Gen, hostile_responder
+from harness.inprocess import InProcess
+from proxy.app import create_app
+from proxy.config import Config, config_from_mapping
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import serve_in_thread
 
-from proxy.app import create_app  # noqa: E402
-from proxy.config import Config, config_from_mapping  # noqa: E402
-from proxy.testing.fake_upstream import FakeUpstream  # noqa: E402
-from proxy.testing.inprocess import InProcess  # noqa: E402
-from proxy.testing.servers import serve_in_thread  # noqa: E402
-from tests.test_fuzz import MAX_BODY_MB, Gen, hostile_responder  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MB = 1024 * 1024
 
@@ -99,7 +97,7 @@ def pct(values: list[float], q: float) -> float:
 
 async def replay(args: argparse.Namespace) -> None:
     timings = Timings()
-    access = logging.getLogger("proxy.access")
+    access = logging.getLogger("proxy.server.access")
     access.setLevel(logging.INFO)
     access.addHandler(timings)
     access.propagate = False

@@ -1,13 +1,13 @@
 """What the session benchmark cost, from the ledger: sent vs forwarded vs billed, and the direct
 counterfactual vs through ctxproxy (issue 21).
 
-    python bench/ledger.py [--steps 64] [--window 128000] [--seed 7]
+    python -m bench.ledger [--steps 64] [--window 128000] [--seed 7]
                            [--formats chat,responses,messages]
 
 Plays the scripted coding-agent session of bench/cache_cost.py (bench/session.py's script; the
 Messages form of bench/session_messages.py) once through a real ctxproxy and once straight at
 the fake upstream, with the fake caching prompts as the providers do
-(``FakeUpstream(prompt_cache=True)``, :mod:`proxy.testing.prompt_cache`: Anthropic's explicit
+(``FakeUpstream(prompt_cache=True)``, :mod:`proxy.demo.fake.prompt_cache`: Anthropic's explicit
 markers with 5-minute writes, OpenAI's automatic 1,024-token prefixes read in 128-token steps)
 and reporting that in each answer's ``usage``. Then it reads:
 
@@ -40,14 +40,14 @@ from cache_cost import FORMATS  # bench/cache_cost.py
 from session import CONSTRAINTS  # bench/session.py
 
 from proxy.app import create_app
-from proxy.demo import MODEL, ScriptedModel, drive, script
-from proxy.ledger.entry import LedgerTotals
-from proxy.ledger.prices import Price
-from proxy.ledger.usage import Usage
+from proxy.catalog.prices import Price
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.run import MODEL, ScriptedModel, drive, script
+from proxy.demo.servers import serve_in_thread
 from proxy.services import prices_of
 from proxy.store.backend import open_backend
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.servers import serve_in_thread
+from proxy.store.ledger_entry import LedgerTotals
+from proxy.usage import Usage
 
 PRICES = {
     "chat": {"input": 2.0, "cache_read": 0.5, "output": 8.0},

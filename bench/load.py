@@ -1,6 +1,6 @@
 """Load: many concurrent agent sessions through one proxy (issue 6 figures).
 
-    python bench/load.py [--sessions 64] [--turns 30] [--window 32000]
+    python -m bench.load [--sessions 64] [--turns 30] [--window 32000]
 
 Each session is a scripted agent (tool outputs of 1-300 KB, log-uniform) resending its whole
 history every turn; the fake upstream plays the model and the summarizer. Reports errors,
@@ -29,10 +29,10 @@ import aiohttp
 import httpx
 import orjson
 
-from proxy.demo import SYSTEM, script
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.process import ProxyProcess
-from proxy.testing.servers import serve_in_thread
+from harness.process import ProxyProcess
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.run import SYSTEM, script
+from proxy.demo.servers import serve_in_thread
 
 MODEL = "load-model"
 SUMMARY = ("## Goal\nKeep the service up.\n## Constraints & Preferences\n- none\n## Progress\n"

@@ -1,6 +1,6 @@
 """Offload pipeline cost: a 60-turn history with 30 tool outputs of 5-300 KB.
 
-    python bench/offload.py [--repeats 20]
+    python -m bench.offload [--repeats 20]
 
 Runs the real pipeline (the app's default stages: offload, compact, validate, count, with the
 dialog archive written first, as the route does) in-process over the history as a client
@@ -22,8 +22,8 @@ from typing import Any
 import orjson
 
 from proxy.config import config_from_mapping
-from proxy.formats import chat
-from proxy.pipeline import RequestView
+from proxy.formats.chat.request import request as chat
+from proxy.model import RequestView
 from proxy.services import open_services
 from proxy.session import Identity
 

@@ -1,6 +1,6 @@
 """Proxy overhead: small requests direct to the fake upstream vs through ctxproxy, interleaved.
 
-    python bench/overhead.py [--rounds 3] [--duration 5] [--connections 32] [--api all]
+    python -m bench.overhead [--rounds 3] [--duration 5] [--connections 32] [--api all]
 
 Starts the fake upstream and ctxproxy as separate processes on loopback and drives both with
 wrk (Debian package `wrk`), alternating direct and proxied runs so machine noise hits both alike.
@@ -19,7 +19,7 @@ before and after share one run. ``--ledger-off`` adds a ``noledg`` mode: a secon
 this tree with the cost ledger off (``ledger: {enabled: false}``), so the ledger's own cost is
 the ``proxy`` vs ``noledg`` ratio of one run. ``--otel`` adds an ``otel`` mode: a second proxy from this tree
 with telemetry on (README "OpenTelemetry"), exporting every request's spans to a local OTLP sink
-(``python -m proxy.testing.otlp``), so the cost of telemetry on vs off shares one run.
+(``python -m harness.otlp``), so the cost of telemetry on vs off shares one run.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.testing.process import free_port
+from harness.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}]}
@@ -146,7 +146,7 @@ def main() -> None:
     bare_port, base_port = free_port(), free_port()
     otel_port, sink_port = free_port(), free_port()
     noledg_port = free_port()
-    fake = start([sys.executable, "-m", "proxy.testing.fake_upstream", "--port", str(fake_port)])
+    fake = start([sys.executable, "-m", "proxy.demo.fake.upstream", "--port", str(fake_port)])
     bare = start([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"),
                   f"http://127.0.0.1:{fake_port}", str(bare_port)])
     cfg = tmp / "config.yaml"
@@ -172,7 +172,7 @@ def main() -> None:
               if args.ledger_off else None)
     sink = otel = None
     if args.otel:
-        sink = start([sys.executable, "-m", "proxy.testing.otlp", "--port", str(sink_port)])
+        sink = start([sys.executable, "-m", "harness.otlp", "--port", str(sink_port)])
         otel = serve(ROOT, otel_port, tmp / "otel-data", "telemetry: {enabled: true, endpoint: "
                      f"'http://127.0.0.1:{sink_port}/v1/traces'}}\n")
     try:

@@ -1,9 +1,9 @@
 """Which PostgreSQL driver for the shared store (issue 15): psycopg 3 (sync pool, called from
 worker threads as every store method is) vs asyncpg (its own pool, on the event loop).
 
-    python bench/pg_driver.py [--ops 3000] [--concurrency 16]
+    python -m bench.pg_driver [--ops 3000] [--concurrency 16]
 
-Starts a throwaway server (proxy.testing.postgres), then runs the two calls a request makes most
+Starts a throwaway server (harness.postgres), then runs the two calls a request makes most
 (a summary lookup by primary key, an idempotent insert of an original) through each driver,
 ``--concurrency`` callers at once on one event loop, interleaved over 3 rounds. Reports ops/s
 and p50/p99 per op, and the process CPU per op.
@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from harness.postgres import PostgresServer
 from proxy.store.postgres import PgPool, upgrade
-from proxy.testing.postgres import PostgresServer
 
 LOOKUP = "SELECT text FROM summaries WHERE tenant = $1 AND session = $2 AND chain = $3"
 INSERT = ("INSERT INTO originals (tenant, session, rid, content, size) VALUES ($1, $2, $3, $4, $5) "

@@ -1,7 +1,7 @@
-"""The fake upstream answering as proxy.testing.replay's model, in its own process (so the
+"""The fake upstream answering as harness.replay's model, in its own process (so the
 benchmark's load generator and the fake do not share one interpreter).
 
-    python bench/replay_upstream.py --port 0    # prints "READY http://127.0.0.1:PORT"
+    python -m bench.replay_upstream --port 0    # prints "READY http://127.0.0.1:PORT"
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import argparse
 
 import uvicorn
 
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.replay import Model
-from proxy.testing.servers import bind_socket, format_url
+from harness.replay import Model
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import bind_socket, format_url
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """The model reads offloaded files through the proxy (issue 5).
 
-    python bench/retrieval.py [--facts 8] [--model-delay 0.2]
+    python -m bench.retrieval [--facts 8] [--model-delay 0.2]
 
 A session whose tool outputs (60-300 KB) each hide a planted fact past the excerpt; for each
 output the client asks about its fact, and a scripted model follows the notices with
@@ -22,9 +22,9 @@ import openai
 
 from proxy.app import create_app
 from proxy.config import config_from_mapping
-from proxy.pipeline.notice import parse_notice
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import serve_in_thread
+from proxy.truncation.notice import parse_notice
 
 
 class Model:

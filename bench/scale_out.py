@@ -1,11 +1,11 @@
 """Scaling out (issue 15): replicas behind haproxy on one PostgreSQL, and the backend's costs.
 
-    python bench/scale_out.py [--seconds 5] [--rounds 2] [--sessions 8]
+    python -m bench.scale_out [--seconds 5] [--rounds 2] [--sessions 8]
 
-Starts a throwaway PostgreSQL (proxy.testing.postgres), the fake upstream (its own process,
-bench/replay_upstream.py, answering as proxy.testing.replay's model), three ``ctxproxy serve`` processes sharing one
+Starts a throwaway PostgreSQL (harness.postgres), the fake upstream (its own process,
+bench/replay_upstream.py, answering as harness.replay's model), three ``ctxproxy serve`` processes sharing one
 database and three haproxy instances in front of 1, 2 and 3 of them (the config the tests use,
-proxy.testing.cluster). Reports, each configuration interleaved within every round:
+harness.cluster). Reports, each configuration interleaved within every round:
 
 1. throughput through the balancer with 1, 2 and 3 replicas, as ratios to 1 replica: small
    requests (wrk, 32 connections, a resent two-message chat) and the
@@ -43,11 +43,11 @@ import orjson
 import yaml
 from overhead import wrk  # bench/overhead.py: runs wrk, parses its figures
 
-from proxy.demo import SYSTEM, TASK, TOOLS, script
-from proxy.testing.cluster import Haproxy
-from proxy.testing.postgres import PostgresServer
-from proxy.testing.process import ProxyProcess
-from proxy.testing.replay import MODEL, RECENT_MAX, WINDOW, Agent
+from harness.cluster import Haproxy
+from harness.postgres import PostgresServer
+from harness.process import ProxyProcess
+from harness.replay import MODEL, RECENT_MAX, WINDOW, Agent
+from proxy.demo.run import SYSTEM, TASK, TOOLS, script
 
 TICK = os.sysconf("SC_CLK_TCK")
 

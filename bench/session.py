@@ -1,6 +1,6 @@
 """A long agent session through the full pipeline (issue 4).
 
-    python bench/session.py [--steps 64] [--window 128000] [--format chat|responses]
+    python -m bench.session [--steps 64] [--window 128000] [--format chat|responses]
 
 Replays a scripted coding-agent session (tool outputs of 1-300 KB, a few user constraints) through
 a real ctxproxy on loopback, against the fake upstream acting as both the model and the
@@ -37,15 +37,15 @@ from typing import Any
 
 import orjson
 
+from harness.slow_callbacks import SlowCallbacks
 from proxy.app import create_app
 from proxy.compaction.message import SUMMARY_HEADING
 from proxy.config import config_from_mapping
-from proxy.demo import MODEL, WIRES, ScriptedModel, TurnFigures, drive, script
+from proxy.demo.fake.own_calls import instructions_of, last_text, own_call
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.run import MODEL, WIRES, ScriptedModel, TurnFigures, drive, script
+from proxy.demo.servers import serve_in_thread
 from proxy.memory.inject import is_memory_message
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.own_calls import instructions_of, last_text, own_call
-from proxy.testing.servers import serve_in_thread
-from proxy.testing.slow_callbacks import SlowCallbacks
 
 CONSTRAINTS = [
     "Constraint: never edit files under migrations/.",
@@ -185,7 +185,7 @@ def main() -> None:
     remembering = Remembering(model)
     fake = FakeUpstream(responder=remembering, models=(MODEL,))
     times = PipelineTimes()
-    access = logging.getLogger("proxy.access")
+    access = logging.getLogger("proxy.server.access")
     access.addHandler(times)
     access.setLevel(logging.INFO)
     with tempfile.TemporaryDirectory() as tmp, serve_in_thread(fake) as upstream:

@@ -1,7 +1,7 @@
 """The session benchmark (bench/session.py) replayed in Anthropic Messages form next to chat
 completions, in the same run (issue 14).
 
-    python bench/session_messages.py [--steps 64] [--window 128000]
+    python -m bench.session_messages [--steps 64] [--window 128000]
 
 The same scripted coding-agent session (tool outputs of 1-300 KB, user follow-ups) is played
 twice against one proxy in front of the fake upstream, which is both the model and the
@@ -31,10 +31,10 @@ from session import stability  # bench/session.py: the same measure for both for
 
 from proxy.app import create_app
 from proxy.config import Config, config_from_mapping
-from proxy.demo import MODEL, SYSTEM, TASK, TOOLS, ScriptedModel, TurnFigures, drive, script
-from proxy.formats.messages import strip_cache_control
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.run import MODEL, SYSTEM, TASK, TOOLS, ScriptedModel, TurnFigures, drive, script
+from proxy.demo.servers import serve_in_thread
+from proxy.formats.messages.request import strip_cache_control
 
 FOLLOW_UPS = [
     "Constraint: never edit files under migrations/.",

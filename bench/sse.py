@@ -1,6 +1,6 @@
 """SSE framing and stream assembly throughput, on a realistic chat-completion stream.
 
-    python bench/sse.py [--events 2000] [--repeat 7] [--baseline REV]
+    python -m bench.sse [--events 2000] [--repeat 7] [--baseline REV]
 
 Builds an OpenAI-shaped ``chat.completion.chunk`` stream (a role chunk, ``--events`` content
 deltas of one token each with some non-ASCII text, the finish chunk, the usage chunk, [DONE];
@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from proxy.upstream.assemble import StreamAssembler
-from proxy.upstream.sse import SSEDecoder
+from proxy.formats.chat.answer import StreamAssembler
+from proxy.sse import SSEDecoder
 
 CHUNK_SIZES = (1, 7, 4096)
 WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ".", "\n",

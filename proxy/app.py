@@ -19,18 +19,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from proxy.access import AccessLog
-from proxy.asgi import refuse_websocket, send_error
 from proxy.auth import Gate, key_headers
 from proxy.config import Config
 from proxy.conversation import Conversation
 from proxy.errors import AuthRequired, BadRequest, ProxyError, envelope
-from proxy.formats.chat import CHAT
-from proxy.formats.messages import MESSAGES
-from proxy.formats.responses import RESPONSES
+from proxy.formats.chat.request import CHAT
+from proxy.formats.messages.request import MESSAGES
+from proxy.formats.responses.request import RESPONSES
 from proxy.metrics import Metrics
-from proxy.pipeline.model import Stage
+from proxy.model import Stage
 from proxy.routes import Health, MetricsPage, Models, PassThrough, Ready
+from proxy.server.access import AccessLog
+from proxy.server.asgi import refuse_websocket, send_error
 from proxy.services import Services, open_services
 from proxy.web.routes import FilesApp
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from proxy.config import Config, exposure_problem, load_config
 from proxy.errors import ConfigError
-from proxy.httpserver import header_deadline_protocol
 from proxy.logs import BoundedFormatter
+from proxy.server.protocol import header_deadline_protocol
 from proxy.telemetry import installation_problem
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
-            from proxy.demo import run_demo
+            from proxy.demo.run import run_demo
 
             return run_demo(data_dir=args.data_dir, keep_serving=args.keep_serving)
         config = load_config(args.config)

@@ -17,7 +17,14 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.asgi import (
+from proxy.formats import Format, Tap
+from proxy.formats.chat.request import CHAT, ChatTap
+from proxy.ledger.service import RequestCalls
+from proxy.metrics import Metrics
+from proxy.model import PipelineResult, RequestView
+from proxy.retrieval.loop import Finish, ReadLoop, Rounds
+from proxy.routes import caller_of, header_map, services_of
+from proxy.server.asgi import (
     JSON_CT,
     Headers,
     read_body,
@@ -26,23 +33,16 @@ from proxy.asgi import (
     send_whole,
     timing_of,
 )
-from proxy.formats import Format, Tap
-from proxy.formats.chat import CHAT, ChatTap
-from proxy.ledger.entry import LedgerEntry
-from proxy.ledger.service import RequestCalls
-from proxy.metrics import Metrics
-from proxy.pipeline.model import PipelineResult, RequestView
-from proxy.pipeline.work import Cancelled, Work
-from proxy.retrieval.loop import Finish, ReadLoop, Rounds
-from proxy.routes import caller_of, header_map, services_of
 from proxy.services import Services
 from proxy.session import Identity, resolve
+from proxy.store.ledger_entry import LedgerEntry
 from proxy.upstream.thinking import Binding
+from proxy.work import Cancelled, Work
 from proxy.writes import Mode, Writes
 
 __all__ = ["HUGE_BODY", "LARGE_BODY", "Conversation", "ctx_headers"]
 
-log = logging.getLogger("proxy.access")
+log = logging.getLogger("proxy.server.access")
 
 T = TypeVar("T")
 

@@ -11,14 +11,14 @@ from urllib.parse import quote, unquote
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from proxy.asgi import JSON_CT, read_body, run_until_disconnect, send_whole
 from proxy.auth import Caller
 from proxy.errors import BadRequest, ProxyError
+from proxy.server.asgi import JSON_CT, read_body, run_until_disconnect, send_whole
 
 if TYPE_CHECKING:
     from proxy.services import Services
 
-log = logging.getLogger("proxy.access")
+log = logging.getLogger("proxy.server.access")
 
 
 def services_of(scope: Scope) -> Services:

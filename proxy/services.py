@@ -15,7 +15,7 @@
       pipeline                 the pure stages and their effects, per request
       readers                  the proxy's read tool and its loop, per wire format
       thinking                 the sessions whose thinking blocks need drop_block (Messages)
-      replays                  the loops' rounds, put back on later turns (proxy.rounds)
+      replays                  the loops' rounds, put back on later turns (proxy.retrieval.rounds)
       ledger                   every billed call: provider usage, cost, the counterfactual
       writes, usage            what a request may write; disk used per tenant
       background               work after the response, drained on shutdown (and by tests)
@@ -42,27 +42,25 @@ from proxy.archive import Archive, NullArchive
 from proxy.auth import Gate
 from proxy.background import Background
 from proxy.catalog import Capabilities, ModelFacts
+from proxy.catalog.data import ensure_tiktoken_offline, read_litellm_model_map
+from proxy.catalog.prices import Price, Prices
+from proxy.catalog.windows import ContextWindows
 from proxy.compaction.client import CallKind, SummarizerClient
 from proxy.compaction.compactor import Compactor, NullCompactor
 from proxy.compaction.planner import Planner
-from proxy.compaction.windows import ContextWindows
 from proxy.config import Config, LedgerConfig, PriceConfig
 from proxy.heap import Trimmer, limit_arenas
-from proxy.ledger.calls import CallSink
-from proxy.ledger.prices import Price, Prices
 from proxy.ledger.service import Ledger, NullLedger
 from proxy.memory.service import Memory, NullMemory
 from proxy.metrics import Metrics
-from proxy.pipeline.count import RequestCounter
-from proxy.pipeline.model import Stage
-from proxy.pipeline.offload import Offloader
+from proxy.model import Stage
+from proxy.offload.stage import Offloader
 from proxy.pipeline.runner import Pipeline
-from proxy.pipeline.tokens import TokenCounter
 from proxy.retrieval.loop import Reader, ReadLoop
 from proxy.retrieval.messages_loop import MessagesReader
 from proxy.retrieval.responses_loop import ResponsesReader
+from proxy.retrieval.rounds import Replays
 from proxy.retrieval.tool import ReadTool
-from proxy.rounds import Replays
 from proxy.store.backend import open_backend
 from proxy.store.db import SessionRow
 from proxy.store.interfaces import (
@@ -77,7 +75,9 @@ from proxy.store.sessions import SessionCounters
 from proxy.store.summaries import SummaryRecord
 from proxy.store.usage import DiskUsage
 from proxy.telemetry import Telemetry, open_telemetry
-from proxy.tokenizer_data import ensure_tiktoken_offline, read_litellm_model_map
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.request import RequestCounter
+from proxy.upstream.calls import CallSink
 from proxy.upstream.forward import Forwarder
 from proxy.upstream.http import Upstream
 from proxy.upstream.litellm_route import LitellmRouter

@@ -1,12 +1,12 @@
 """Fixtures of the three layers the suite tests at.
 
 * In process (``inproc``, ``make_inproc``): the app's lifespan in the test's own loop and an
-  ``httpx.AsyncClient`` calling it directly (:mod:`proxy.testing.inprocess`). The default for
+  ``httpx.AsyncClient`` calling it directly (:mod:`harness.inprocess`). The default for
   handler logic: no port, no server thread.
 * A real server on loopback (``proxy``, ``make_proxy``, ``module_proxy``): uvicorn in a thread
-  (:mod:`proxy.testing.servers`), for real client libraries, faults and disconnects on the wire,
+  (:mod:`proxy.demo.servers`), for real client libraries, faults and disconnects on the wire,
   raw request targets.
-* The real command line in a child process (:mod:`proxy.testing.process`): signals, ``kill -9``.
+* The real command line in a child process (:mod:`harness.process`): signals, ``kill -9``.
 
 All of them forward to one fake upstream per worker, on a real loopback socket (the proxy's
 outbound aiohttp client needs one): ``fake`` is that fake, reset around every test.
@@ -25,13 +25,13 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from harness.inprocess import InProcess
+from harness.process import free_port
 from proxy.app import create_app
 from proxy.config import Config, config_from_mapping
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.store.db import Database
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.inprocess import InProcess
-from proxy.testing.process import free_port
-from proxy.testing.servers import ServerThread, serve_in_thread
 
 #: Modules whose tests import litellm, langchain or openai-agents: seconds of CPU per process
 #: that imports them (and a litellm route's first use imports litellm in the proxy too).

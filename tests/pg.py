@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.testing.postgres import PostgresServer, find_binaries
+from harness.postgres import PostgresServer, find_binaries
 
 NO_SERVER = "no PostgreSQL server binaries (install Debian's postgresql package; .ci/run does)"
 

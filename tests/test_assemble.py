@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.upstream.assemble import StreamAssembler, message_from_completion
+from proxy.formats.chat.answer import StreamAssembler, message_from_completion
 
 from .conftest import examples
 

@@ -1,4 +1,4 @@
-"""Bounded pipeline work (proxy.pipeline.work): the file-aware rules linear in the history
+"""Bounded pipeline work (proxy.work): the file-aware rules linear in the history
 (operation counts, never a clock), the work budget's degradation (stage-1 forms, the prefix
 kept across requests), and a disconnected client's work stopped."""
 
@@ -16,17 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import proxy.conversation
+from harness.inprocess import InProcess
 from proxy.app import create_app
 from proxy.config import OffloadConfig, RetrievalConfig
-from proxy.pipeline import dedupe, rereads
-from proxy.pipeline.files import provenance
-from proxy.pipeline.model import RequestView, result_text
-from proxy.pipeline.offload import Offloader
-from proxy.pipeline.work import Cancelled, Work
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.filewise import dedupe, rereads
+from proxy.filewise.provenance import provenance
+from proxy.model import RequestView, result_text
+from proxy.offload.stage import Offloader
 from proxy.session import Identity
 from proxy.store.chains import chain_hashes
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.inprocess import InProcess
+from proxy.work import Cancelled, Work
 
 from .conftest import examples, proxy_config
 from .test_filewise import _kind, session
@@ -216,7 +216,7 @@ def test_a_zero_budget_forwards_what_the_rules_off_forward(tmp_path: Path) -> No
 
 async def test_the_budget_degrades_a_request_end_to_end(tmp_path: Path) -> None:
     fake = FakeUpstream()
-    from proxy.testing.servers import serve_in_thread
+    from proxy.demo.servers import serve_in_thread
 
     with serve_in_thread(fake) as upstream:
         config = proxy_config(upstream.url + "/v1", tmp_path / "data",
@@ -263,7 +263,7 @@ async def test_a_disconnected_clients_pipeline_work_stops(
 
     monkeypatch.setattr(proxy.conversation, "Work", Watched)
     fake = FakeUpstream()
-    from proxy.testing.servers import serve_in_thread
+    from proxy.demo.servers import serve_in_thread
 
     with serve_in_thread(fake) as upstream:
         config = proxy_config(upstream.url + "/v1", tmp_path / "data")
@@ -342,8 +342,8 @@ def _pinned(cache: Any) -> int:
 def test_parsed_calls_and_policies_are_bounded_by_what_they_pin() -> None:
     """A Write call's arguments hold a whole file: 65,536 of them was the old bound."""
     from proxy.config import OffloadConfig
-    from proxy.pipeline.files import CallCache
-    from proxy.pipeline.policies import Policies
+    from proxy.filewise.provenance import CallCache
+    from proxy.offload.policies import Policies
 
     budget = 1024 * 1024
     calls = CallCache({}, budget)
@@ -357,7 +357,7 @@ def test_parsed_calls_and_policies_are_bounded_by_what_they_pin() -> None:
 
 
 def test_the_epochs_decisions_are_bounded_by_what_they_pin(tmp_path: Path) -> None:
-    from proxy.pipeline.filewise import FileForms
+    from proxy.filewise.plan import FileForms
 
     off = offloader(tmp_path)
     off.filewise = FileForms(off.config, cache_bytes=3 * 64 * 1024)
@@ -377,7 +377,7 @@ def test_the_epochs_superseded_reads_are_found_once_a_request(
 ) -> None:
     """Marks too large for their cache were found again for every result (12 MB of re-reads
     took 60 s, 6 MB 5 s): once a request, whatever the cache keeps."""
-    from proxy.pipeline import filewise
+    from proxy.filewise import plan as filewise
 
     calls = [0]
     real = filewise.superseded

@@ -12,11 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.compaction.guard import parse_ledgers
-from proxy.compaction.message import SUMMARY_HEADING
-from proxy.formats import json
-from proxy.pipeline.notice import parse_notice
-from proxy.testing.claude_code import (
+from harness.claude_code import (
     FINAL,
     MODEL,
     PRESERVED_THINKING_MODEL,
@@ -26,8 +22,12 @@ from proxy.testing.claude_code import (
     run_prefix_checked_session,
     run_session,
 )
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import serve_in_thread
+from proxy import rawjson as json
+from proxy.compaction.guard import parse_ledgers
+from proxy.compaction.message import SUMMARY_HEADING
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import serve_in_thread
+from proxy.truncation.notice import parse_notice
 
 from .conftest import proxy_config
 from .test_messages import check_pairs, lead_summary
@@ -79,7 +79,7 @@ def test_a_claude_code_session_ages_and_compacts(
     assert int(last["x-ctxproxy-tokens-out"]) < int(last["x-ctxproxy-tokens-in"]) // 2
 
 
-# --- preserved thinking: the prefix-checking fake (proxy/testing/prefix_check.py) -----------
+# --- preserved thinking: the prefix-checking fake (proxy/demo/fake/prefix_check.py) -----------
 
 
 @pytest.fixture(scope="module")

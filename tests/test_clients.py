@@ -24,11 +24,11 @@ import pytest  # noqa: E402
 
 from proxy.compaction.message import is_summary_message  # noqa: E402
 from proxy.compaction.prompt import SYSTEM_PROMPT as SUMMARIZER_PROMPT  # noqa: E402
-from proxy.pipeline.notice import split_notice  # noqa: E402
-from proxy.testing.fake_replies import stream_events  # noqa: E402
-from proxy.testing.fake_upstream import FakeUpstream, Received, Reply  # noqa: E402
-from proxy.testing.own_calls import instructions_of  # noqa: E402
-from proxy.testing.servers import ServerThread  # noqa: E402
+from proxy.demo.fake.own_calls import instructions_of
+from proxy.demo.fake.replies import stream_events
+from proxy.demo.fake.upstream import FakeUpstream, Received, Reply
+from proxy.demo.servers import ServerThread
+from proxy.truncation.notice import split_notice
 
 from .conftest import ProxyFactory  # noqa: E402
 

@@ -9,16 +9,16 @@ from typing import Any
 import orjson
 import pytest
 
+from harness.codex import Recording, ShellScript, codex_binary, run_codex, write_codex_home
+from proxy import rawjson as json
 from proxy.app import create_app
 from proxy.compaction.guard import parse_ledgers
 from proxy.compaction.message import SUMMARY_HEADING
-from proxy.compaction.prompt import content_text
-from proxy.formats import json
-from proxy.pipeline.notice import parse_notice
-from proxy.testing.codex import Recording, ShellScript, codex_binary, run_codex, write_codex_home
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.own_calls import own_call
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.own_calls import own_call
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import serve_in_thread
+from proxy.model import content_text
+from proxy.truncation.notice import parse_notice
 
 from .conftest import proxy_config
 from .test_compaction import SUMMARY

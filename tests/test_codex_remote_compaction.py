@@ -11,10 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.app import create_app
-from proxy.compaction.message import SUMMARY_HEADING
-from proxy.formats import json
-from proxy.testing.codex import (
+from harness.codex import (
     Recording,
     RemoteCompaction,
     ShellScript,
@@ -22,9 +19,12 @@ from proxy.testing.codex import (
     run_codex,
     write_codex_home,
 )
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.own_calls import own_call
-from proxy.testing.servers import serve_in_thread
+from proxy import rawjson as json
+from proxy.app import create_app
+from proxy.compaction.message import SUMMARY_HEADING
+from proxy.demo.fake.own_calls import own_call
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import serve_in_thread
 
 from .conftest import proxy_config
 from .test_codex import pairs_problems

@@ -11,11 +11,11 @@ import httpx
 import orjson
 import pytest
 
-from proxy.pipeline.model import Message, RequestView, StageOutcome
+from harness.inprocess import InProcess
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.model import Message, RequestView, StageOutcome
 from proxy.pipeline.validate import ValidateStage, is_valid
 from proxy.store.dialog import read
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.inprocess import InProcess
 
 from .conftest import InProcessFactory
 
@@ -336,7 +336,7 @@ async def test_streamed_answer_is_archived_assembled(
 
 
 async def test_token_headers_are_real_counts(inproc: InProcess, fake: FakeUpstream) -> None:
-    from proxy.pipeline.tokens import TokenCounter
+    from proxy.tokens.counter import TokenCounter
 
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo wörld " * 50}]
     r = await post(inproc, msgs)

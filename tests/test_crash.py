@@ -42,17 +42,17 @@ import orjson
 import pytest
 import yaml
 
+from harness.process import ProxyProcess
 from proxy.compaction.prompt import SECTIONS, SYSTEM_PROMPT
-from proxy.pipeline.notice import parse_notice
-from proxy.pipeline.truncate import read_chunk
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.formats.chat.answer import StreamAssembler
 from proxy.store.chains import chain_hashes
 from proxy.store.db import Database
 from proxy.store.dialog_read import parse_record, read_lines
 from proxy.store.summaries import SummaryStore, _markdown
 from proxy.store.tool_results import ToolResultStore, relative_path, result_id
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.process import ProxyProcess
-from proxy.upstream.assemble import StreamAssembler
+from proxy.truncation.cut import read_chunk
+from proxy.truncation.notice import parse_notice
 
 ROOT = Path(__file__).resolve().parents[1]
 TENANT = "anon"  # no API key

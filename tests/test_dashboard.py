@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jinja2 import UndefinedError
 
-from proxy.ledger.entry import Change, LedgerEntry, LedgerTotals
-from proxy.ledger.usage import Usage
+from proxy.store.ledger_entry import Change, LedgerEntry, LedgerTotals
+from proxy.usage import Usage
 from proxy.web import ledger as ledger_view
 from proxy.web.chart import MAX_POINTS, Point, tokens_chart
 from proxy.web.diff import CONTEXT, cut_diff, head_bytes

@@ -1,4 +1,4 @@
-"""Duplicate tool outputs as references (proxy.pipeline.dedupe): pure functions."""
+"""Duplicate tool outputs as references (proxy.filewise.dedupe): pure functions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.pipeline.dedupe import (
+from proxy.filewise.dedupe import (
     CANDIDATES,
     Dedup,
     Earlier,
@@ -19,8 +19,8 @@ from proxy.pipeline.dedupe import (
     expand,
     parse_reference,
 )
-from proxy.pipeline.markers import Pointer
-from proxy.pipeline.notice import utf8_len
+from proxy.filewise.markers import Pointer
+from proxy.truncation.notice import utf8_len
 
 from .conftest import examples
 

@@ -1,4 +1,4 @@
-"""Compressed request bodies (proxy.encoding) and slow clients (proxy.httpserver, read_body's
+"""Compressed request bodies (proxy.server.encoding) and slow clients (proxy.server.protocol, read_body's
 idle deadline)."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import pytest
 import yaml
 import zstandard
 
-from proxy.encoding import decode_body, encodings
+from harness.inprocess import InProcess
+from harness.process import ProxyProcess
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import serve_in_thread
 from proxy.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from proxy.httpserver import header_deadline_protocol
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.inprocess import InProcess
-from proxy.testing.process import ProxyProcess
-from proxy.testing.servers import serve_in_thread
+from proxy.server.encoding import decode_body, encodings
+from proxy.server.protocol import header_deadline_protocol
 
 from .conftest import InProcessFactory
 

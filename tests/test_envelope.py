@@ -1,11 +1,11 @@
-"""Client envelopes around tool output (proxy.pipeline.envelope), with the real CLIs' shapes."""
+"""Client envelopes around tool output (proxy.filewise.envelope), with the real CLIs' shapes."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.pipeline.envelope import split_envelope
+from proxy.filewise.envelope import split_envelope
 
 CLAUDE_READ = ('1\t"""Text wrapping and filling.\n2\t"""\n3\t\n492\n\n<system-reminder>\n'
                "<total_tokens>14977698 tokens left</total_tokens>\n</system-reminder>")

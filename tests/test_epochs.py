@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.message import SUMMARY_HEADING
-from proxy.formats.messages import strip_cache_control
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.own_calls import own_call
-from proxy.testing.servers import ServerThread
+from proxy.demo.fake.own_calls import own_call
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread
+from proxy.formats.messages.request import strip_cache_control
 
 from .conftest import ProxyFactory
 

@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.inprocess import InProcess
+from proxy import rawjson as json
 from proxy.app import create_app
-from proxy.formats import json
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.inprocess import InProcess
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import serve_in_thread
 
 from .conftest import InProcessFactory, examples, proxy_config
 

@@ -23,12 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 
-from proxy.testing.fake_messages import message_events
-from proxy.testing.fake_replies import Received
-from proxy.testing.fake_responses import response_events
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.fake_wire import reasoning_of_token, reasoning_token
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.demo.fake.messages import message_events
+from proxy.demo.fake.replies import Received
+from proxy.demo.fake.responses import response_events
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.fake.wire import reasoning_of_token, reasoning_token
+from proxy.demo.servers import ServerThread, serve_in_thread
 
 from .conftest import examples
 

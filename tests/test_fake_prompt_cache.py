@@ -1,5 +1,5 @@
 """The fake upstream's provider-like prompt cache (``FakeUpstream(prompt_cache=True)``,
-:mod:`proxy.testing.prompt_cache`): the cache alone, then served to the real SDKs."""
+:mod:`proxy.demo.fake.prompt_cache`): the cache alone, then served to the real SDKs."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import anthropic
 import openai
 import pytest
 
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.prompt_cache import Prompt, PromptCache, cache_key, prompt_units, unit_tokens
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.demo.fake.prompt_cache import Prompt, PromptCache, cache_key, prompt_units, unit_tokens
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread, serve_in_thread
 
 KEY = ("sk-ant-a", "claude-x")
 MARK = {"type": "ephemeral"}

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.testing.fake_upstream import FakeUpstream, Reply, error_body
-from proxy.testing.servers import ServerThread, serve_async, serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream, Reply, error_body
+from proxy.demo.servers import ServerThread, serve_async, serve_in_thread
 
 from .conftest import examples
 
@@ -515,7 +515,7 @@ def test_cli_subprocess() -> None:
         [
             sys.executable,
             "-m",
-            "proxy.testing.fake_upstream",
+            "proxy.demo.fake.upstream",
             "--port",
             "0",
             "--content",

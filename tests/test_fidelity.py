@@ -1,4 +1,4 @@
-"""The fidelity harness (proxy/testing/fidelity.py, bench/fidelity.py) on a small session per
+"""The fidelity harness (harness/fidelity.py, bench/fidelity.py) on a small session per
 format: it sees compactions, finds canaries where they are, reports a canary the client never
 sent as lost, and -- once the guard is in the tree -- the guarded kinds (the goal, constraints,
 files touched) are never lost, even with a summarizer that drops half of what it is given."""
@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.sections import is_valid_summary
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.fidelity import (
+from harness.fidelity import (
     C1,
     FORMATS,
     GUARDED,
@@ -24,6 +22,8 @@ from proxy.testing.fidelity import (
     replay,
     weak_summary,
 )
+from proxy.compaction.sections import is_valid_summary
+from proxy.demo.fake.upstream import FakeUpstream
 
 WINDOW = 9_000
 needs_guard = pytest.mark.skipif(

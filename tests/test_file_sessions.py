@@ -17,18 +17,13 @@ from typing import Any
 
 import pytest
 
+from harness.claude_code import claude_binary
+from harness.codex import codex_binary
+from harness.file_sessions import FileSession, run_claude_session, run_codex_session, session_config
 from proxy.config import OffloadConfig
-from proxy.pipeline.notice import parse_notice
-from proxy.testing.claude_code import claude_binary
-from proxy.testing.codex import codex_binary
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.file_sessions import (
-    FileSession,
-    run_claude_session,
-    run_codex_session,
-    session_config,
-)
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import serve_in_thread
+from proxy.truncation.notice import parse_notice
 
 from .test_codex import pairs_problems
 from .test_messages import check_pairs

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from proxy.testing.fake_upstream import FakeUpstream
+from proxy.demo.fake.upstream import FakeUpstream
 
 from .conftest import ProxyFactory
 from .test_files_dashboard import make_dash

@@ -18,12 +18,12 @@ import orjson
 import pytest
 
 from proxy.app import create_app
-from proxy.ledger.entry import Change, LedgerEntry, LedgerTotals
-from proxy.ledger.usage import Usage
-from proxy.pipeline.notice import split_notice
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.store.interfaces import LedgerStore
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.store.ledger_entry import Change, LedgerEntry, LedgerTotals
+from proxy.truncation.notice import split_notice
+from proxy.usage import Usage
 from proxy.web import ledger as ledger_view
 from proxy.web import routes
 

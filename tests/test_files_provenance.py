@@ -1,11 +1,11 @@
-"""File provenance (proxy.pipeline.files): which calls read which lines of which file, and which
+"""File provenance (proxy.filewise.provenance): which calls read which lines of which file, and which
 wrote, edited, moved or deleted it, for every client's tools.
 
 The Claude Code and Codex shapes are RECORDED: ``tests/fixtures/provenance/claude_code.json``
 (``@anthropic-ai/claude-code`` 2.1.332) and ``codex.json`` (``@openai/codex`` 0.171.0, model
 ``gpt-5.5``: the one whose bundled metadata gives it the ``apply_patch`` custom tool), the
 versions pinned in package.json. Each CLI ran headless straight against the fake upstream
-(``python -m proxy.testing.recorded_calls tests/fixtures/provenance``: the fake asks for a
+(``python -m harness.recorded_calls tests/fixtures/provenance``: the fake asks for a
 scripted list of tool calls on files seeded in ``/tmp/ctxproxy-recording/<cli>``, the CLI runs
 them for real); a fixture is the conversation of the CLI's last request from the first tool
 call on, exactly as the CLI sent it, read here with the format's own reader. The Responses
@@ -27,9 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import ReadTool, config_from_mapping
-from proxy.formats.messages import MESSAGES
-from proxy.formats.responses import RESPONSES
-from proxy.pipeline.files import (
+from proxy.filewise.provenance import (
     WHOLE,
     FileEdit,
     FileRead,
@@ -40,7 +38,9 @@ from proxy.pipeline.files import (
     same_file,
     shell_reads,
 )
-from proxy.pipeline.model import Message
+from proxy.formats.messages.request import MESSAGES
+from proxy.formats.responses.request import RESPONSES
+from proxy.model import Message
 
 from .conftest import examples
 

@@ -20,11 +20,11 @@ import orjson
 import pytest
 
 from proxy.app import create_app
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.session import tenant_of
 from proxy.store.db import Database
 from proxy.store.fs import Hidden, open_file
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread, serve_in_thread
 from proxy.web.access import ask_of, read_window
 
 from .conftest import ProxyFactory, proxy_config, raw_get

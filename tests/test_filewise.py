@@ -1,4 +1,4 @@
-"""File-aware slimming in the offload stage (proxy.pipeline.filewise): hypothesis-generated
+"""File-aware slimming in the offload stage (proxy.filewise.plan): hypothesis-generated
 coding sessions (Claude Code's Read / Edit / Bash shapes, its reminders around each result)
 grown turn by turn across epochs, checked for the issue's properties: deterministic;
 append-only within an epoch; at an epoch's start the newest read of each file and every read a
@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import OffloadConfig, RetrievalConfig
-from proxy.pipeline.dedupe import Earlier, expand
-from proxy.pipeline.envelope import split_envelope
-from proxy.pipeline.filewise import plain_lines
-from proxy.pipeline.model import RequestView, result_text
-from proxy.pipeline.offload import Offloader
-from proxy.pipeline.rereads import apply_delta, parse_delta, parse_marker, turn_of
+from proxy.filewise.dedupe import Earlier, expand
+from proxy.filewise.envelope import split_envelope
+from proxy.filewise.plan import plain_lines
+from proxy.filewise.rereads import apply_delta, parse_delta, parse_marker, turn_of
+from proxy.model import RequestView, result_text
+from proxy.offload.stage import Offloader
 from proxy.session import Identity
 from proxy.store.chains import chain_hashes
 

@@ -8,10 +8,10 @@ import httpx
 import orjson
 import pytest
 
-from proxy.pipeline import RequestView, StageOutcome
+from harness.inprocess import InProcess
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.model import RequestView, StageOutcome
 from proxy.session import tenant_of
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.inprocess import InProcess
 
 from .conftest import InProcessFactory
 

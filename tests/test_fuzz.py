@@ -2,7 +2,7 @@
 in its route's envelope (OpenAI's; Anthropic's for ``/v1/messages``), every stream terminated,
 nothing stored for a request refused.
 
-The generators live in :mod:`proxy.testing.fuzz` (``bench/fuzz.py`` runs them too); the names
+The generators live in :mod:`harness.fuzz` (``bench/fuzz.py`` runs them too); the names
 this module always had (``Gen``, ``hostile_responder``, ``MAX_BODY_MB``, ...) are still
 importable from here.
 
@@ -41,33 +41,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.fuzz import _HOSTILE_PATHS as _HOSTILE_PATHS
+from harness.fuzz import FORMATS, TINY, Case, cases, envelope_ok, judge, responder, seeds
+from harness.fuzz import MAX_BODY_MB as MAX_BODY_MB
+from harness.fuzz import PIXEL as PIXEL
+from harness.fuzz import READ_TOOL as READ_TOOL
+from harness.fuzz import Crashes as Crashes
+from harness.fuzz import Gen as Gen
+from harness.fuzz import _notice as _notice
+from harness.fuzz import hostile_responder as hostile_responder
+from harness.inprocess import InProcess
+from proxy import rawjson as json
 from proxy.app import create_app
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.errors import BadRequest
-from proxy.formats import json
 from proxy.formats.body import MAX_DEPTH
-from proxy.formats.chat import parse as parse_chat
-from proxy.pipeline.notice import MARKER
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.fuzz import _HOSTILE_PATHS as _HOSTILE_PATHS
-from proxy.testing.fuzz import (
-    FORMATS,
-    TINY,
-    Case,
-    cases,
-    envelope_ok,
-    judge,
-    responder,
-    seeds,
-)
-from proxy.testing.fuzz import MAX_BODY_MB as MAX_BODY_MB
-from proxy.testing.fuzz import PIXEL as PIXEL
-from proxy.testing.fuzz import READ_TOOL as READ_TOOL
-from proxy.testing.fuzz import Crashes as Crashes
-from proxy.testing.fuzz import Gen as Gen
-from proxy.testing.fuzz import _notice as _notice
-from proxy.testing.fuzz import hostile_responder as hostile_responder
-from proxy.testing.inprocess import InProcess
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.formats.chat.request import parse as parse_chat
+from proxy.truncation.notice import MARKER
 
 from .conftest import ENVELOPE_KEYS, InProcessFactory, examples, proxy_config
 

@@ -19,12 +19,12 @@ import httpx
 import orjson
 import pytest
 
+from harness.inprocess import InProcess
 from proxy import cli
 from proxy.auth import Gate
 from proxy.config import config_from_mapping, exposure_problem, key_digest
+from proxy.demo.fake.upstream import FakeUpstream, Reply
 from proxy.errors import AuthRequired
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.inprocess import InProcess
 
 from .conftest import InProcessFactory, ProxyFactory
 from .test_upstream_failures import _abandon_once_forwarded

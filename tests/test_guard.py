@@ -25,7 +25,7 @@ from proxy.compaction.guard import (
 from proxy.compaction.requests import parse_user_block
 from proxy.compaction.summarizer import summarize
 from proxy.config import GuardConfig
-from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.demo.fake.upstream import FakeUpstream, Reply
 
 from .conftest import InProcessFactory
 from .test_compaction import SUMMARY, SYSTEM, is_summarizer, model_calls, post

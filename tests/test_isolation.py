@@ -34,12 +34,12 @@ import pytest
 from proxy.app import create_app
 from proxy.auth import Gate
 from proxy.config import config_from_mapping
-from proxy.ledger.entry import Change, LedgerEntry
-from proxy.ledger.usage import Usage
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.session import tenant_of
 from proxy.store.db import Database
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.store.ledger_entry import Change, LedgerEntry
+from proxy.usage import Usage
 
 from .conftest import proxy_config, raw_get
 

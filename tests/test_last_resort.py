@@ -11,19 +11,19 @@ from typing import Any
 
 import orjson
 
+from proxy.catalog.windows import ContextWindows
 from proxy.compaction.planner import Planner
-from proxy.compaction.windows import ContextWindows
 from proxy.config import config_from_mapping
-from proxy.pipeline import RequestView
-from proxy.pipeline.count import RequestCounter
-from proxy.pipeline.notice import parse_notice
-from proxy.pipeline.offload import Offloader
+from proxy.model import RequestView
+from proxy.offload.stage import Offloader
 from proxy.pipeline.runner import Pipeline
-from proxy.pipeline.tokens import TokenCounter
 from proxy.session import Identity
 from proxy.store.chains import chain_hashes
 from proxy.store.summaries import SummaryRecord
 from proxy.store.tool_results import ToolResultStore
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.request import RequestCounter
+from proxy.truncation.notice import parse_notice
 
 ID = Identity("t-tenant", "s-last", None)
 

@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.catalog.prices import Price, Prices, load_price_map
 from proxy.config import LedgerConfig, OffloadConfig, RetrievalConfig
+from proxy.history.epoch import without_thinking
 from proxy.ledger.cache import (
     ClientChange,
     attribute,
@@ -22,7 +24,11 @@ from proxy.ledger.cache import (
     local_scale,
 )
 from proxy.ledger.changes import describe
-from proxy.ledger.entry import (
+from proxy.model import RequestView
+from proxy.offload.stage import Offloader
+from proxy.pipeline.validate import PLACEHOLDER
+from proxy.session import Identity
+from proxy.store.ledger_entry import (
     Change,
     LedgerEntry,
     LedgerTotals,
@@ -30,14 +36,8 @@ from proxy.ledger.entry import (
     decode_entry,
     encode_entry,
 )
-from proxy.ledger.prices import Price, Prices, load_price_map
-from proxy.ledger.usage import Usage
-from proxy.pipeline.epoch import without_thinking
-from proxy.pipeline.model import RequestView
-from proxy.pipeline.offload import Offloader
-from proxy.pipeline.validate import PLACEHOLDER
-from proxy.session import Identity
 from proxy.store.tool_results import relative_path, result_id
+from proxy.usage import Usage
 
 # --- prices ----------------------------------------------------------------------------------
 

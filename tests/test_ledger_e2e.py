@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.ledger.entry import LedgerEntry
-from proxy.ledger.usage import Usage
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.inprocess import InProcess
+from harness.inprocess import InProcess
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.store.ledger_entry import LedgerEntry
+from proxy.usage import Usage
 
 from .conftest import InProcessFactory
 

@@ -1,6 +1,6 @@
 """The ledger service on scripted sessions with known answers: the counterfactual, cache-break
 attribution (compaction, client edit, TTL), estimates without the provider's usage, read rounds,
-summarizer calls. The store is an in-memory LedgerStore (proxy.testing.ledger); the proxy end to
+summarizer calls. The store is an in-memory LedgerStore (harness.ledger); the proxy end to
 end is tested in
 tests/test_ledger_e2e.py."""
 
@@ -13,22 +13,22 @@ from typing import Any
 import orjson
 import pytest
 
+from harness.ledger import MemoryLedger
 from proxy.background import Background
+from proxy.catalog.prices import Price, Prices
 from proxy.config import LedgerConfig, OffloadConfig
-from proxy.formats.chat import CHAT
-from proxy.ledger.calls import Call
-from proxy.ledger.entry import LedgerEntry
-from proxy.ledger.prices import Price, Prices
+from proxy.formats.chat.request import CHAT
 from proxy.ledger.service import Ledger, RequestCalls
-from proxy.ledger.usage import Usage
 from proxy.metrics import Metrics
-from proxy.pipeline.count import RequestCounter
-from proxy.pipeline.model import PipelineResult
-from proxy.pipeline.tokens import TokenCounter
+from proxy.model import PipelineResult
 from proxy.session import Identity
 from proxy.store.chains import chain_hashes
+from proxy.store.ledger_entry import LedgerEntry
 from proxy.store.usage import DiskUsage
-from proxy.testing.ledger import MemoryLedger
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.request import RequestCounter
+from proxy.upstream.calls import Call
+from proxy.usage import Usage
 from proxy.writes import Mode, Writes
 
 PRICE = Price.of(input=3, output=15, cache_read=0.3, cache_write=3.75)

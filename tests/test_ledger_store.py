@@ -20,8 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.postgres import PostgresServer
+from harness.process import free_port
 from proxy.errors import InvalidName, SchemaError, StoreUnavailable
-from proxy.ledger.entry import (
+from proxy.store.backend import FilesBackend
+from proxy.store.db import MIGRATIONS, SCHEMA_VERSION, Database
+from proxy.store.ledger import SqliteLedger, SqlLedger, like_pattern
+from proxy.store.ledger_entry import (
     CACHE_REASONS,
     KINDS,
     Change,
@@ -31,18 +36,13 @@ from proxy.ledger.entry import (
     decode_entry,
     encode_entry,
 )
-from proxy.ledger.usage import Usage
-from proxy.store.backend import FilesBackend
-from proxy.store.db import MIGRATIONS, SCHEMA_VERSION, Database
-from proxy.store.ledger import SqliteLedger, SqlLedger, like_pattern
 from proxy.store.postgres import PgPool, PostgresBackend, upgrade
 from proxy.store.postgres.copy import copy_data_dir
 from proxy.store.postgres.ledger import PgLedger
 from proxy.store.postgres.schema import MIGRATIONS as PG_MIGRATIONS
 from proxy.store.postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from proxy.store.usage import DiskUsage
-from proxy.testing.postgres import PostgresServer
-from proxy.testing.process import free_port
+from proxy.usage import Usage
 from tests.conftest import proxy_config
 from tests.pg import pg_url, postgres
 

@@ -10,10 +10,10 @@ import orjson
 import pytest
 import respx
 
-from proxy.formats.chat import ChatFormat, ChatTap
-from proxy.ledger.usage import Usage, parse_usage
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.servers import ServerThread
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import ServerThread
+from proxy.formats.chat.request import ChatFormat, ChatTap
+from proxy.usage import Usage, parse_usage
 
 from .conftest import ProxyFactory
 from .test_litellm_route import anthropic_error, sse_response, text_events

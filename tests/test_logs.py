@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from proxy.logs import MAX_MESSAGE_CHARS, BoundedFormatter
-from proxy.pipeline.model import RequestView
+from proxy.model import RequestView
 from proxy.pipeline.validate import ValidateStage
 from proxy.session import Identity
 

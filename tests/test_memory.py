@@ -23,10 +23,13 @@ from hypothesis import strategies as st
 
 from proxy.compaction.facts import split_facts, stamp_facts
 from proxy.config import config_from_mapping
-from proxy.formats.chat import CHAT
+from proxy.demo.fake.own_calls import instructions_of, last_text, own_call
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread
+from proxy.formats.chat.request import CHAT
+from proxy.history.turns import leading_system_count
 from proxy.memory.fold import cap, clean_fold, fold_prompt
 from proxy.memory.inject import inject, is_memory_message, memory_message
-from proxy.pipeline.turns import leading_system_count
 from proxy.retrieval.tool import ReadTool
 from proxy.session import Identity, resolve, tenant_of
 from proxy.store.db import Database
@@ -34,9 +37,6 @@ from proxy.store.gc import collect
 from proxy.store.memory import MemoryFiles
 from proxy.store.tool_results import ToolResultStore
 from proxy.store.usage import DiskUsage
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.own_calls import instructions_of, last_text, own_call
-from proxy.testing.servers import ServerThread
 
 from .conftest import ProxyFactory
 

@@ -21,15 +21,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.message import SUMMARY_HEADING
-from proxy.formats.json import members
-from proxy.formats.messages import MESSAGES, cache_markers
-from proxy.pipeline.media import ANTHROPIC_UNKNOWN_IMAGE, anthropic_image_tokens
-from proxy.pipeline.notice import parse_notice
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread
+from proxy.formats.messages.request import MESSAGES, cache_markers
 from proxy.pipeline.validate import BRIDGE, PLACEHOLDER, validate
+from proxy.rawjson import members
 from proxy.session import resolve
 from proxy.store.dialog import read
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread
+from proxy.tokens.media import ANTHROPIC_UNKNOWN_IMAGE, anthropic_image_tokens
+from proxy.truncation.notice import parse_notice
 
 from .conftest import ProxyFactory
 
@@ -631,9 +631,9 @@ def test_messages_and_the_streamed_answer_are_archived(
 
 
 def test_the_tap_assembles_a_stream_into_the_message_the_body_would_be() -> None:
-    from proxy.formats.messages_answer import MessagesTap
-    from proxy.testing.fake_messages import message_body, message_events
-    from proxy.testing.fake_replies import Received
+    from proxy.demo.fake.messages import message_body, message_events
+    from proxy.demo.fake.replies import Received
+    from proxy.formats.messages.answer import MessagesTap
 
     rec = Received("POST", PATH, "", {}, [], b"{}", 0.0)
     reply = Reply(content="two calls", reasoning="plan: é and 😀", stream_pieces=3, tool_calls=[
@@ -813,17 +813,17 @@ def test_forwarded_messages_keep_thinking_pairs_and_markers(
     is byte-identical to the client's (thinking signatures), or the client's bytes without its
     thinking blocks (a turn kept by a compaction: its prefix changed), pairs and the user-first
     rule hold, and no more than four cache markers go out."""
+    from proxy.catalog.windows import ContextWindows
     from proxy.compaction.planner import Planner
-    from proxy.compaction.windows import ContextWindows
     from proxy.config import config_from_mapping
-    from proxy.pipeline import RequestView
-    from proxy.pipeline.count import RequestCounter
-    from proxy.pipeline.offload import Offloader
+    from proxy.model import RequestView
+    from proxy.offload.stage import Offloader
     from proxy.pipeline.runner import Pipeline
-    from proxy.pipeline.tokens import TokenCounter
     from proxy.session import Identity
     from proxy.store.chains import chain_hashes
     from proxy.store.tool_results import ToolResultStore
+    from proxy.tokens.counter import TokenCounter
+    from proxy.tokens.request import RequestCounter
 
     tmp = tmp_path_factory.mktemp("prop")
     config = config_from_mapping({"storage": {"data_dir": str(tmp)}, "offload": {"recent_n": 1}})

@@ -8,9 +8,9 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread
 from proxy.metrics import route_of
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread
 
 from .conftest import ProxyFactory
 

@@ -11,17 +11,17 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.catalog.windows import ContextWindows
 from proxy.compaction.planner import Plan, Planner
-from proxy.compaction.windows import ContextWindows
 from proxy.config import config_from_mapping
-from proxy.formats.messages import MESSAGES
-from proxy.formats.responses import RESPONSES
-from proxy.pipeline import native
-from proxy.pipeline.count import RequestCounter
-from proxy.pipeline.model import NATIVE, OPAQUE_TOKENS, RequestView
-from proxy.pipeline.tokens import TokenCounter
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.formats.messages.request import MESSAGES
+from proxy.formats.responses.request import RESPONSES
+from proxy.history import native
+from proxy.model import NATIVE, OPAQUE_TOKENS, RequestView
 from proxy.session import resolve
-from proxy.testing.fake_upstream import FakeUpstream
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.request import RequestCounter
 
 from . import test_messages as anth
 from . import test_responses as resp

@@ -17,22 +17,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.inprocess import InProcess
+from proxy.catalog.windows import ContextWindows
 from proxy.compaction.compactor import NullCompactor
 from proxy.compaction.planner import Planner
-from proxy.compaction.windows import ContextWindows
 from proxy.config import Config, config_from_mapping
-from proxy.pipeline import PipelineResult, RequestView
-from proxy.pipeline.count import RequestCounter
-from proxy.pipeline.notice import parse_notice, split_notice
-from proxy.pipeline.offload import Offloader
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.model import PipelineResult, RequestView
+from proxy.offload.stage import Offloader
 from proxy.pipeline.runner import Pipeline
-from proxy.pipeline.tokens import TokenCounter
-from proxy.pipeline.truncate import read_chunk, utf8_len
 from proxy.services import Services
 from proxy.session import Identity
 from proxy.store.tool_results import OffloadedFileMissing, ToolResultStore
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.inprocess import InProcess
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.request import RequestCounter
+from proxy.truncation.cut import read_chunk, utf8_len
+from proxy.truncation.notice import parse_notice, split_notice
 
 from .conftest import InProcessFactory, examples
 

@@ -23,18 +23,18 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.inprocess import InProcess
 from proxy.app import create_app
 from proxy.compaction.client import SummarizerClient
 from proxy.config import config_from_mapping
-from proxy.pipeline.notice import parse_notice
+from proxy.demo.fake.own_calls import instructions_of, last_text, own_call
+from proxy.demo.fake.replies import Received
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.services import Services, capabilities_of
 from proxy.session import tenant_of
 from proxy.store.summaries import SummaryRecord
-from proxy.testing.fake_replies import Received
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.inprocess import InProcess
-from proxy.testing.own_calls import instructions_of, last_text, own_call
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.truncation.notice import parse_notice
 from proxy.upstream.http import Upstream
 from proxy.upstream.litellm_route import LitellmRouter
 from proxy.upstream.providers import Upstreams

@@ -7,8 +7,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.servers import ServerThread
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import ServerThread
 
 from .conftest import raw_get
 

@@ -1,4 +1,4 @@
-"""Per-tool policies: matching calls and their results (proxy.pipeline.policies)."""
+"""Per-tool policies: matching calls and their results (proxy.offload.policies)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from proxy.config import Config, ToolPolicy, config_from_mapping
 from proxy.errors import ConfigError
-from proxy.pipeline.policies import Policies, shell_command
+from proxy.offload.policies import Policies, shell_command
 
 
 def call(name: str, args: Any, cid: str = "c1") -> dict[str, Any]:
@@ -89,7 +89,7 @@ def test_matching_is_deterministic_and_cached(name: str, arguments: str) -> None
 
 def _offloader(tmp_path: Any, policies: list[dict[str, Any]]) -> Any:
     from proxy.config import OffloadConfig, RetrievalConfig
-    from proxy.pipeline.offload import Offloader
+    from proxy.offload.stage import Offloader
 
     config = OffloadConfig(policies=tuple(ToolPolicy(**p) for p in policies), recent_n=1)
     return Offloader(config, RetrievalConfig(), tmp_path)
@@ -104,7 +104,7 @@ def _session(commands: list[str], size: int) -> list[dict[str, Any]]:
 
 
 def _view(history: list[dict[str, Any]]) -> Any:
-    from proxy.pipeline.model import RequestView
+    from proxy.model import RequestView
     from proxy.session import Identity
 
     return RequestView(model="gpt-4o", body={"messages": history},

@@ -14,6 +14,8 @@ import httpx
 import psycopg
 import pytest
 
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import ServerThread
 from proxy.memory.inject import is_memory_message
 from proxy.session import tenant_of
 from proxy.store.db import Database
@@ -23,8 +25,6 @@ from proxy.store.postgres import PgPool, PostgresBackend, upgrade
 from proxy.store.postgres.copy import copy_data_dir
 from proxy.store.postgres.memory import PgMemory
 from proxy.store.usage import DiskUsage
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.servers import ServerThread
 from tests.conftest import ProxyFactory, proxy_config
 from tests.pg import pg_url, postgres
 from tests.test_memory import (

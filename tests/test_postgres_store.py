@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from harness.postgres import PostgresServer
 from proxy.errors import OffloadedFileMissing, SchemaError, StoreUnavailable
 from proxy.store.db import Database
 from proxy.store.dialog import DialogArchive, chain_hashes
@@ -24,7 +25,6 @@ from proxy.store.postgres.schema import SCHEMA_VERSION, schema_version
 from proxy.store.summaries import SummaryRecord, SummaryStore
 from proxy.store.tool_results import ToolResultStore, result_id
 from proxy.store.usage import DiskUsage
-from proxy.testing.postgres import PostgresServer
 from tests.conftest import proxy_config
 from tests.pg import pg_url, postgres
 

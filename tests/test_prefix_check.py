@@ -1,4 +1,4 @@
-"""The prefix-checking fake: Anthropic's "preserved thinking" check (proxy/testing/prefix_check.py)
+"""The prefix-checking fake: Anthropic's "preserved thinking" check (proxy/demo/fake/prefix_check.py)
 in process, then served (``FakeUpstream(prefix_check=True)``) to the real anthropic SDK."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from anthropic.types.beta import BetaThinkingDroppedInputTransformation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.fake_wire import reasoning_of_token, reasoning_token
-from proxy.testing.prefix_check import (
+from proxy.demo.fake.prefix_check import (
     BETA,
     HEADER_REQUIRED_MESSAGE,
     Binder,
     Failure,
     mismatch_message,
 )
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.fake.wire import reasoning_of_token, reasoning_token
+from proxy.demo.servers import ServerThread, serve_in_thread
 
 from .conftest import examples
 

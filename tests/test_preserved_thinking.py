@@ -1,6 +1,6 @@
 """Preserved thinking through the whole proxy: an Anthropic agent loop on a model that binds
 every signed thinking block to its prefix, in front of the fake that enforces the check as the
-API does (proxy.testing.prefix_check). The client sends every answer back exactly as it got it,
+API does (proxy.demo.fake.prefix_check). The client sends every answer back exactly as it got it,
 thinking included, as Claude Code and the SDKs do; ctxproxy offloads, ages, compacts, injects
 memory and runs its read tool in between. Not one request may be refused.
 """
@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from proxy.app import create_app
 from proxy.compaction.message import SUMMARY_HEADING
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.memory.inject import MEMORY_HEADING
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread, serve_in_thread
 from tests.pg import pg_url, postgres
 
 from .conftest import proxy_config

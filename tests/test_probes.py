@@ -1,4 +1,4 @@
-"""Model-in-the-loop probes (proxy.testing.probes): generation from canaries, the rubric, the
+"""Model-in-the-loop probes (harness.probes): generation from canaries, the rubric, the
 judge's grade, the three formats read into chat messages, and the client against a fake
 OpenAI endpoint on loopback (full and slimmed both asked, scored)."""
 
@@ -10,8 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.probes import (
+from harness.probes import (
     Canary,
     ChatClient,
     Checkpoint,
@@ -24,7 +23,8 @@ from proxy.testing.probes import (
     rubric,
     run_checkpoint,
 )
-from proxy.testing.servers import serve_async
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import serve_async
 
 ERROR = "KeyError: 'tenant_id'"
 CANARIES = [

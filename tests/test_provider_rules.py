@@ -1,4 +1,4 @@
-"""The strict fake upstream's provider rules (:mod:`proxy.testing.provider_rules`): each rule by
+"""The strict fake upstream's provider rules (:mod:`proxy.demo.fake.rules`): each rule by
 example (a valid request passes, an invalid one is refused with the provider's message), a
 few through the real ``openai`` and ``anthropic`` SDKs (their typed ``BadRequestError``), and
 a property: a request valid by construction is never refused."""
@@ -17,15 +17,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.provider_rules import (
+from proxy.demo.fake.rules import (
     DEFAULT_MODEL_RULES,
     check_chat,
     check_messages,
     check_responses,
     model_key,
 )
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread, serve_in_thread
 
 from .conftest import examples
 

@@ -20,18 +20,18 @@ from hypothesis import strategies as st
 
 from proxy.compaction.message import SUMMARY_HEADING
 from proxy.config import config_from_mapping
-from proxy.pipeline import RequestView
-from proxy.pipeline.offload import Offloader, read_calls
-from proxy.pipeline.quotes import (
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread
+from proxy.model import RequestView
+from proxy.offload.quotes import (
     edited_paths,
     file_reads,
     patch_paths,
     protected_reads,
     shell_read_paths,
 )
+from proxy.offload.stage import Offloader, read_calls
 from proxy.session import Identity
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread
 
 from . import test_epochs as epochs
 from .conftest import ProxyFactory, examples

@@ -1,5 +1,5 @@
-"""The proxy's own read rounds are put back into later turns' forwarded history (proxy.rounds,
-proxy.pipeline.replay), in every wire format: before the answer they led to, byte for byte as
+"""The proxy's own read rounds are put back into later turns' forwarded history (proxy.retrieval.rounds,
+proxy.retrieval.replay), in every wire format: before the answer they led to, byte for byte as
 the loop forwarded them; the model's whole answer and the proxy's results when the client's
 copy lost the proxy's calls; nothing for an edited history or an answer a compaction evicted;
 and no store query for a history this process answered (the files backend here; PostgreSQL
@@ -15,17 +15,17 @@ from typing import Any
 import orjson
 import pytest
 
+from harness.inprocess import InProcess
+from proxy import rawjson as wire_json
+from proxy.demo.fake.upstream import FakeUpstream, Reply
 from proxy.formats import Format
-from proxy.formats import json as wire_json
-from proxy.formats.chat import CHAT
-from proxy.formats.messages import MESSAGES
-from proxy.formats.responses import RESPONSES
+from proxy.formats.chat.request import CHAT
+from proxy.formats.messages.request import MESSAGES
+from proxy.formats.responses.request import RESPONSES
 from proxy.pipeline.validate import PLACEHOLDER
-from proxy.rounds import Replays
+from proxy.retrieval.rounds import Replays
 from proxy.store.db import Database
 from proxy.store.rounds import RoundsRecord, SqliteRounds
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.inprocess import InProcess
 
 from . import test_messages as msgs
 from . import test_responses as resp
@@ -355,7 +355,7 @@ def test_a_database_from_before_gains_the_table(tmp_path: Path) -> None:
 
 
 def test_a_message_is_recognised_whatever_markers_or_nulls_it_carries() -> None:
-    from proxy.pipeline.replay import Replayed, insert, key
+    from proxy.retrieval.replay import Replayed, insert, key
 
     plain = {"role": "user", "content": [{"type": "text", "text": "go"}]}
     marked = {"role": "user", "content": [{"type": "text", "text": "go",

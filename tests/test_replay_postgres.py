@@ -12,14 +12,14 @@ import orjson
 import psycopg
 import pytest
 
+from harness.inprocess import InProcess
 from proxy.app import create_app
+from proxy.demo.fake.upstream import FakeUpstream
 from proxy.store.db import Database
 from proxy.store.postgres import PgPool, PostgresBackend, upgrade
 from proxy.store.postgres.copy import copy_data_dir
 from proxy.store.postgres.schema import SCHEMA_VERSION, schema_version
 from proxy.store.rounds import RoundsRecord, SqliteRounds
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.inprocess import InProcess
 from tests.conftest import proxy_config
 from tests.pg import pg_url, postgres
 

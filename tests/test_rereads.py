@@ -1,4 +1,4 @@
-"""Superseded and stale reads, re-read deltas (proxy.pipeline.rereads): pure functions."""
+"""Superseded and stale reads, re-read deltas (proxy.filewise.rereads): pure functions."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.config import config_from_mapping
-from proxy.formats.messages import MESSAGES
-from proxy.formats.responses import RESPONSES
-from proxy.pipeline.files import (
+from proxy.filewise.markers import Pointer
+from proxy.filewise.provenance import (
     WHOLE,
     FileEdit,
     FileRead,
@@ -26,9 +25,7 @@ from proxy.pipeline.files import (
     provenance,
     same_file,
 )
-from proxy.pipeline.markers import Pointer
-from proxy.pipeline.notice import utf8_len
-from proxy.pipeline.rereads import (
+from proxy.filewise.rereads import (
     DELTA_MAX_RATIO,
     Supersession,
     apply_delta,
@@ -40,6 +37,9 @@ from proxy.pipeline.rereads import (
     superseded,
     turn_of,
 )
+from proxy.formats.messages.request import MESSAGES
+from proxy.formats.responses.request import RESPONSES
+from proxy.truncation.notice import utf8_len
 
 from .conftest import examples
 

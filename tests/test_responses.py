@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.message import SUMMARY_HEADING
-from proxy.formats.responses import RESPONSES
-from proxy.pipeline.notice import parse_notice, split_notice
+from proxy.demo.fake.own_calls import own_call
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread
+from proxy.formats.responses.request import RESPONSES
 from proxy.pipeline.validate import PLACEHOLDER, validate
 from proxy.store.dialog import read
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.own_calls import own_call
-from proxy.testing.servers import ServerThread
+from proxy.truncation.notice import parse_notice, split_notice
 
 from .conftest import ProxyFactory, examples
 
@@ -407,7 +407,7 @@ def test_async_sdk_stream_and_not(proxy: ServerThread, fake: FakeUpstream) -> No
 
 
 def test_images_are_counted_by_the_tile_rule() -> None:
-    from proxy.pipeline.tokens import TokenCounter, image_tokens
+    from proxy.tokens.counter import TokenCounter, image_tokens
 
     from .test_tokens import png_data_url
 
@@ -492,17 +492,17 @@ def test_forwarded_items_keep_pairs_and_reasoning_intact(
 ) -> None:
     """The pipeline run in-process: whatever it cuts and compacts, every call keeps its output,
     every kept reasoning item is byte-identical and still leads into its calls."""
+    from proxy.catalog.windows import ContextWindows
     from proxy.compaction.compactor import NullCompactor
     from proxy.compaction.planner import Planner
-    from proxy.compaction.windows import ContextWindows
     from proxy.config import config_from_mapping
-    from proxy.pipeline import RequestView
-    from proxy.pipeline.count import RequestCounter
-    from proxy.pipeline.offload import Offloader
+    from proxy.model import RequestView
+    from proxy.offload.stage import Offloader
     from proxy.pipeline.runner import Pipeline
-    from proxy.pipeline.tokens import TokenCounter
     from proxy.store.chains import chain_hashes
     from proxy.store.tool_results import ToolResultStore
+    from proxy.tokens.counter import TokenCounter
+    from proxy.tokens.request import RequestCounter
 
     tmp = tmp_path_factory.mktemp("prop")
     config = config_from_mapping({"storage": {"data_dir": str(tmp)}, "offload": {"recent_n": 1}})

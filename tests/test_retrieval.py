@@ -10,10 +10,10 @@ import openai
 import orjson
 import pytest
 
-from proxy.pipeline.notice import parse_notice, split_notice
+from harness.inprocess import InProcess
+from proxy.demo.fake.upstream import FakeUpstream, Reply
 from proxy.store.dialog import read
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.inprocess import InProcess
+from proxy.truncation.notice import parse_notice, split_notice
 
 from .conftest import InProcessFactory
 

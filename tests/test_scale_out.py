@@ -13,7 +13,7 @@ real haproxy (round robin, no stickiness), sharing one database started by the t
 * The database stopped for a few seconds mid-run: no request fails, ``/readyz`` says the store
   is down while ``/healthz`` stays live, and the store is back (and complete) afterwards.
 
-The session (:mod:`proxy.testing.replay`): its model is deterministic in the history it is sent,
+The session (:mod:`harness.replay`): its model is deterministic in the history it is sent,
 so any replica, any order, any retry gets the same answer.
 """
 
@@ -34,21 +34,12 @@ import psycopg
 import pytest
 import yaml
 
+from harness.cluster import Cluster, find_haproxy
+from harness.postgres import PostgresServer
+from harness.replay import FINAL, MODEL, RECENT_MAX, TOOLS, WINDOW, Agent, Model, forwarded
+from proxy.demo.fake.upstream import FakeUpstream
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.store.chains import chain_hashes
-from proxy.testing.cluster import Cluster, find_haproxy
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.postgres import PostgresServer
-from proxy.testing.replay import (
-    FINAL,
-    MODEL,
-    RECENT_MAX,
-    TOOLS,
-    WINDOW,
-    Agent,
-    Model,
-    forwarded,
-)
-from proxy.testing.servers import ServerThread, serve_in_thread
 from tests.pg import pg_url, postgres
 
 __all__ = ["pg_url", "postgres"]  # fixtures

@@ -30,9 +30,9 @@ import orjson
 import pytest
 
 from proxy.app import create_app
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.session import tenant_of
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.servers import ServerThread, serve_in_thread
 
 from .conftest import InProcessFactory, proxy_config
 
@@ -350,7 +350,7 @@ def crawl(run: Run, headers: dict[str, str], deep: bool) -> None:
 
 def test_no_key_in_the_logs(recorded: Recorded) -> None:
     logs = recorded.logs
-    assert logs.count(b"\n") > 100 and b"proxy.access INFO POST /v1/chat/completions 200" in logs
+    assert logs.count(b"\n") > 100 and b"proxy.server.access INFO POST /v1/chat/completions 200" in logs
     assert b"uvicorn.access" in logs and b"LiteLLM" in logs  # they ran, and were looked at
     assert b"Incorrect API key provided" not in logs  # the upstream's error bodies are not logged
     assert not leaks(logs, PROXY_HELD + CLIENT_HELD), leaks(logs, PROXY_HELD + CLIENT_HELD)

@@ -25,10 +25,10 @@ import orjson
 import pytest
 import yaml
 
+from harness.process import ProxyProcess
+from proxy.demo.fake.replies import stream_events
+from proxy.demo.fake.upstream import FakeUpstream, Reply
 from proxy.store.dialog_read import read
-from proxy.testing.fake_replies import stream_events
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.process import ProxyProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSION = "drain"

@@ -1,4 +1,4 @@
-"""proxy.testing.slow_callbacks: one event loop's callbacks over 10 ms, as debug mode reports
+"""harness.slow_callbacks: one event loop's callbacks over 10 ms, as debug mode reports
 them, counted for that loop only; and ServerThread's ``loop_setup`` hook the benches use."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.testing.servers import serve_in_thread
-from proxy.testing.slow_callbacks import SlowCallbacks
+from harness.slow_callbacks import SlowCallbacks
+from proxy.demo.servers import serve_in_thread
 
 
 async def _pause() -> None:

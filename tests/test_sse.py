@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.retrieval.loop import StreamOut
-from proxy.upstream.sse import DEFAULT_MAX_EVENT_BYTES, Event, SSEDecoder
+from proxy.sse import DEFAULT_MAX_EVENT_BYTES, Event, SSEDecoder
 
 from .conftest import examples
 

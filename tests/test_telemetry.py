@@ -1,5 +1,5 @@
 """OpenTelemetry spans per request (proxy.telemetry), exported over OTLP/HTTP to an in-process
-collector on a loopback socket (proxy.testing.otlp), from a proxy in front of the fake upstream.
+collector on a loopback socket (harness.otlp), from a proxy in front of the fake upstream.
 
 The proxy's own side runs in process (its lifespan in the test's loop, so a request's span is
 ended before its response returns); the upstream and the collector are real sockets. Export is
@@ -22,12 +22,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.otlp import KIND_CLIENT, KIND_INTERNAL, STATUS_ERROR, Collected, OtlpCollector
 from proxy.config import Config, TelemetryConfig, config_from_mapping
+from proxy.demo.fake.upstream import FakeUpstream, Reply
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.errors import ConfigError
-from proxy.ledger.entry import LedgerEntry
-from proxy.ledger.usage import Usage
-from proxy.pipeline.model import RequestView, StageOutcome
+from proxy.model import RequestView, StageOutcome
 from proxy.session import Identity
+from proxy.store.ledger_entry import LedgerEntry
 from proxy.telemetry import NULL_SPAN, NullTelemetry, installation_problem, open_telemetry
 from proxy.telemetry.attributes import (
     pipeline_attributes,
@@ -36,9 +38,7 @@ from proxy.telemetry.attributes import (
     usage_attributes,
 )
 from proxy.telemetry.otel import OtelTelemetry
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.otlp import KIND_CLIENT, KIND_INTERNAL, STATUS_ERROR, Collected, OtlpCollector
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.usage import Usage
 from tests.conftest import InProcessFactory, ProxyFactory, closed_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -471,9 +471,9 @@ OFF_SCRIPT = """
 import asyncio, sys
 from proxy.app import create_app
 from proxy.config import config_from_mapping
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.testing.inprocess import InProcess
-from proxy.testing.servers import serve_in_thread
+from proxy.demo.fake.upstream import FakeUpstream
+from harness.inprocess import InProcess
+from proxy.demo.servers import serve_in_thread
 
 async def main() -> None:
     with serve_in_thread(FakeUpstream()) as up:

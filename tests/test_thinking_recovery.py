@@ -16,10 +16,12 @@ import httpx
 import orjson
 import pytest
 
-from proxy.formats import json
-from proxy.formats.messages_answer import MessagesTap
+from harness.inprocess import InProcess
+from proxy import rawjson as json
+from proxy.demo.fake.replies import ErrorDetail
+from proxy.demo.fake.upstream import FakeUpstream, Received, Reply
+from proxy.formats.messages.answer import MessagesTap
 from proxy.metrics import Metrics
-from proxy.pipeline.notice import parse_notice
 from proxy.session import Identity, tenant_of
 from proxy.store.db import MIGRATIONS, SCHEMA_VERSION, Database
 from proxy.store.dialog import DialogArchive
@@ -27,9 +29,7 @@ from proxy.store.paths import db_path
 from proxy.store.postgres import PostgresBackend, upgrade
 from proxy.store.postgres.schema import MIGRATIONS as PG_MIGRATIONS
 from proxy.store.postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
-from proxy.testing.fake_replies import ErrorDetail
-from proxy.testing.fake_upstream import FakeUpstream, Received, Reply
-from proxy.testing.inprocess import InProcess
+from proxy.truncation.notice import parse_notice
 from proxy.upstream.thinking import (
     BETA,
     ThinkingBindings,

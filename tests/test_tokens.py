@@ -1,4 +1,4 @@
-"""Tests for proxy.pipeline.tokens and proxy.tokenizer_data (SPEC section 5, "Counting")."""
+"""Tests for proxy.tokens.counter and proxy.catalog.data (SPEC section 5, "Counting")."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import tiktoken
 import tiktoken.load
 import tiktoken.registry
 
-from proxy import tokenizer_data
-from proxy.pipeline import media
-from proxy.pipeline import tokens as tk
-from proxy.pipeline.tokens import (
+from proxy.catalog import data as tokenizer_data
+from proxy.tokens import counter as tk
+from proxy.tokens import media
+from proxy.tokens.counter import (
     CL100K,
     ESTIMATE,
     O200K,

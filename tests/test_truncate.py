@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.pipeline.truncate import (
+from proxy.truncation.cut import (
     MIN_BUDGET,
     Notice,
     count_lines,
@@ -208,7 +208,7 @@ def notices(draw: st.DrawFn) -> Notice:
 @settings(max_examples=examples(300), deadline=None)
 @given(notices(), st.sampled_from(["", "abc", "abc\n", "x\n\n", "中"]))
 def test_notice_roundtrip(notice: Notice, prefix: str) -> None:
-    from proxy.pipeline.notice import attach
+    from proxy.truncation.notice import attach
 
     if notice.excerpt_bytes != utf8_len(prefix):
         notice = replace(notice, excerpt_bytes=utf8_len(prefix))
@@ -435,7 +435,7 @@ def test_recut_byte_arg_for_a_new_mid_line_cut() -> None:
 
 
 def test_error_scan_stops_after_a_mebibyte() -> None:
-    from proxy.pipeline.truncate import ERROR_SCAN_BYTES
+    from proxy.truncation.cut import ERROR_SCAN_BYTES
 
     filler = ("." * 63 + "\n") * (ERROR_SCAN_BYTES // 64 + 10)
     t = truncate("head\n" + filler + "Traceback\n", 5, file_path="/f", tool=TOOL)
@@ -458,6 +458,6 @@ def test_lone_surrogates_survive() -> None:
     st.integers(0, 220),
 )
 def test_fast_find_is_find(data: bytes, needle: bytes, start: int, end: int) -> None:
-    from proxy.pipeline.truncate import _find
+    from proxy.truncation.cut import _find
 
     assert _find(data, needle, start, end) == data.find(needle, start, end)

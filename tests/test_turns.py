@@ -1,4 +1,4 @@
-"""Turn grouping and the compaction split (proxy.pipeline.turns)."""
+"""Turn grouping and the compaction split (proxy.history.turns)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.pipeline.turns import Split, leading_system_count, split, units
+from proxy.history.turns import Split, leading_system_count, split, units
 from proxy.pipeline.validate import is_valid
 from tests.test_validate import asst, calls, conversations, damaged, fcall, fres, res, user
 

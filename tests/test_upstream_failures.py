@@ -40,12 +40,12 @@ import openai
 import orjson
 import pytest
 
+from harness.inprocess import InProcess
 from proxy.app import create_app
-from proxy.pipeline.notice import parse_notice
+from proxy.demo.fake.upstream import FakeUpstream, Reply, error_body
+from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.store.dialog import read
-from proxy.testing.fake_upstream import FakeUpstream, Reply, error_body
-from proxy.testing.inprocess import InProcess
-from proxy.testing.servers import ServerThread, serve_in_thread
+from proxy.truncation.notice import parse_notice
 
 from .conftest import (
     InProcessFactory,

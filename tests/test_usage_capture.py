@@ -23,19 +23,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import proxy.app
+from harness.inprocess import InProcess
+from proxy.demo.fake.upstream import FakeUpstream, Reply
 from proxy.formats import Tap
-from proxy.formats.chat import ChatFormat, ChatTap
-from proxy.formats.messages import MessagesFormat
-from proxy.formats.messages_answer import MessagesTap
-from proxy.formats.responses import ResponsesFormat
-from proxy.formats.responses_answer import ResponsesTap
-from proxy.ledger.calls import Call
-from proxy.ledger.usage import Usage, parse_usage
+from proxy.formats.chat.request import ChatFormat, ChatTap
+from proxy.formats.messages.answer import MessagesTap
+from proxy.formats.messages.request import MessagesFormat
+from proxy.formats.responses.answer import ResponsesTap
+from proxy.formats.responses.request import ResponsesFormat
 from proxy.retrieval.loop import ReadLoop, Rounds
 from proxy.services import open_services
 from proxy.session import Identity
-from proxy.testing.fake_upstream import FakeUpstream, Reply
-from proxy.testing.inprocess import InProcess
+from proxy.upstream.calls import Call
+from proxy.usage import Usage, parse_usage
 
 from . import test_compaction as compaction
 from . import test_memory as memory

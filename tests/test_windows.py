@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import tokenizer_data
-from proxy.compaction.windows import DEFAULT_CONTEXT_WINDOW, ContextWindows
+from proxy.catalog import data as tokenizer_data
+from proxy.catalog.windows import DEFAULT_CONTEXT_WINDOW, ContextWindows
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ Runs from the repository root with the dev virtualenv (/work/venv). On first use
 bench/peers/.venv and installs LiteLLM's proxy there (`litellm[proxy]`, same version as the
 dev venv's litellm); later runs reuse it (`--reinstall` rebuilds it). Then, all on loopback:
 
-* the fake upstream (`python -m proxy.testing.fake_upstream`), one instance for everyone;
+* the fake upstream (`python -m proxy.demo.fake.upstream`), one instance for everyone;
 * ctxproxy (`python -m proxy serve`, default pipeline) with upstream.base_url = the fake;
 * LiteLLM's proxy (`litellm --config bench/peers/litellm_config.yaml --num_workers 1`), fully
   offline (local cost map, offline mode, no database, no admin UI, no release check) with one
@@ -51,7 +51,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.testing.process import free_port
+from harness.process import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -274,7 +274,7 @@ class Bench:
     def start_fake(self) -> None:
         self.fake_port = free_port()
         path = self.run / "fake.log"
-        p = self.procs.spawn([sys.executable, "-m", "proxy.testing.fake_upstream", "--port",
+        p = self.procs.spawn([sys.executable, "-m", "proxy.demo.fake.upstream", "--port",
                               str(self.fake_port)], env=self.child_env, cwd=ROOT, log_path=path)
         wait_ready(p, self.fake_port, "/v1/models", time.perf_counter(), 30, path)
 
@@ -490,7 +490,7 @@ def agent_history(target_tokens: int, count: Callable[[str], int], seed: int = 1
 
 def token_counter() -> tuple[Callable[[str], int], str]:
     try:
-        from proxy.pipeline.tokens import TokenCounter
+        from proxy.tokens.counter import TokenCounter
 
         tc = TokenCounter()
         if tc.encoding_name(MODEL) != "utf8/4":

@@ -36,8 +36,8 @@ from typing import Final
 
 import orjson
 
-from proxy.compaction.windows import PROVIDER_PREFIXES, fallback_variants, name_variants
-from proxy.tokenizer_data import litellm_model_map_path
+from proxy.catalog.data import litellm_model_map_path
+from proxy.catalog.windows import PROVIDER_PREFIXES, fallback_variants, name_variants
 
 __all__ = ["BUILTIN", "Capabilities", "ModelFacts"]
 

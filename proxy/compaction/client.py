@@ -44,7 +44,7 @@ import orjson
 
 from proxy.catalog import Capabilities
 from proxy.errors import ProxyError, SummarizerError, UpstreamError, UpstreamStatusError
-from proxy.ledger.calls import Call
+from proxy.upstream.calls import Call
 from proxy.upstream.http import Upstream
 from proxy.upstream.litellm_route import LitellmRouter
 from proxy.upstream.providers import Upstreams

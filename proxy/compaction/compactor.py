@@ -41,21 +41,21 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from proxy.catalog.windows import ContextWindows
 from proxy.compaction.client import Complete, OnCall, SummarizerClient
 from proxy.compaction.guard import user_turns
 from proxy.compaction.index import SummaryIndex
 from proxy.compaction.planner import Plan
 from proxy.compaction.prepared import PreparedCompactions
 from proxy.compaction.summarizer import summarize
-from proxy.compaction.windows import ContextWindows
 from proxy.config import CompactionConfig
 from proxy.errors import StoreUnavailable
-from proxy.ledger.calls import CallSink
 from proxy.lru import LRU
-from proxy.pipeline.model import RequestView
+from proxy.model import RequestView
 from proxy.session import Identity
 from proxy.store.interfaces import DialogStore, SharedSummaries, Summaries
 from proxy.store.summaries import SummaryRecord, markdown_size
+from proxy.upstream.calls import CallSink
 from proxy.writes import Mode, Writes
 
 __all__ = ["Compactor", "FactsSink", "NullCompactor"]

@@ -22,22 +22,16 @@ from dataclasses import dataclass
 from typing import Final
 
 from proxy.compaction.guard import guard_block, strip_guard
-from proxy.compaction.prompt import SECTIONS, Message, content_text, shorten, tool_calls
+from proxy.compaction.prompt import SECTIONS, Message, shorten
 from proxy.compaction.requests import (
     UserRequests,
     compose_summary,
     parse_user_block,
     user_requests_block,
 )
-from proxy.compaction.sections import (
-    REQUIRED,
-    USER_KEY,
-    Section,
-    close_fences,
-    normalise_newlines,
-    split_sections,
-)
+from proxy.compaction.sections import REQUIRED, USER_KEY, Section, close_fences, split_sections
 from proxy.config import GuardConfig
+from proxy.model import content_text, normalise_newlines, tool_calls
 
 __all__ = ["fallback_body", "fallback_summary"]
 

@@ -60,17 +60,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from proxy.compaction.prompt import Message, content_text, shorten, tool_calls
+from proxy.compaction.prompt import Message, shorten
 from proxy.compaction.requests import parse_user_block
-from proxy.compaction.sections import (
-    close_fences,
-    join_sections,
-    normalise_newlines,
-    parse_heading,
-    split_sections,
-)
+from proxy.compaction.sections import close_fences, join_sections, parse_heading, split_sections
 from proxy.config import GuardConfig
-from proxy.pipeline.files import call_files
+from proxy.filewise.provenance import call_files
+from proxy.model import content_text, normalise_newlines, tool_calls
 
 __all__ = [
     "CUE_RE",

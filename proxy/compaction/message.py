@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from proxy.compaction.prompt import content_text
+from proxy.model import content_text
 
 __all__ = [
     "CLOSING_LINE",

@@ -15,7 +15,7 @@ counts, :meth:`Planner.plan` says what the request needs:
 A cached summary is only ever created when a request crossed the threshold, so applying it is
 what that request did too: the same history forwards the same bytes.
 
-Provider-native compaction (:mod:`proxy.pipeline.native`): the head that is never compacted runs
+Provider-native compaction (:mod:`proxy.history.native`): the head that is never compacted runs
 through the newest provider compaction item, the threshold counts from that item on, and a
 request in which the provider compacts gets no new summary and no last-resort cuts (a summary
 already in use is still applied: the provider compacts what the model has been seeing).
@@ -26,15 +26,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from proxy.catalog.windows import ContextWindows
 from proxy.compaction.message import summary_message
-from proxy.compaction.windows import ContextWindows
 from proxy.config import CompactionConfig
-from proxy.pipeline.count import RequestCounter
-from proxy.pipeline.model import Message, RequestView
-from proxy.pipeline.native import head as native_head
-from proxy.pipeline.native import in_context, native
-from proxy.pipeline.turns import split, units
+from proxy.history.native import head as native_head
+from proxy.history.native import in_context, native
+from proxy.history.turns import split, units
+from proxy.model import Message, RequestView
 from proxy.store.summaries import SummaryRecord
+from proxy.tokens.request import RequestCounter
 
 __all__ = ["Budget", "Decision", "Plan", "Planner"]
 

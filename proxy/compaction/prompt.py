@@ -29,11 +29,10 @@ summary and the fixed instructions come on top of that bound.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from proxy.pipeline.model import Message
+from proxy.model import Message, content_text, tool_calls
 
 __all__ = [
     "MIN_INPUT_CHARS",
@@ -43,12 +42,10 @@ __all__ = [
     "USER_REQUESTS_HEADING",
     "Message",
     "build_prompt",
-    "content_text",
     "omitted_marker",
     "render_transcript",
     "retry_prompt",
     "shorten",
-    "tool_calls",
 ]
 
 
@@ -69,8 +66,6 @@ USER_REQUESTS_HEADING: Final = "## User Requests (verbatim)"
 MIN_SHORTEN: Final = 100
 MIN_INPUT_CHARS: Final = 1000
 
-_IMAGE_PARTS: Final = frozenset({"image_url", "input_image", "image"})
-_TEXT_PARTS: Final = frozenset({"text", "input_text", "output_text"})
 _BLOCK_SEP: Final = "\n\n"
 # A near-end newline is preferred as the cut point, but not at the cost of more than this share
 # of the kept part (otherwise one long line would lose most of its budget).
@@ -157,90 +152,6 @@ def shorten(text: str, limit: int) -> str:
         tail = tail[nl + 1 :]
     omitted = len(text) - len(head) - len(tail)
     return f"{head}\n{omitted_marker(omitted)}\n{tail}"
-
-
-def content_text(content: object, *, placeholders: bool = True) -> str:
-    """The text of a message ``content`` (a string or a list of parts).
-
-    With ``placeholders`` non-text parts become ``[image]``, ``[audio]``, ``[file: name]`` or
-    ``[<type>]``; without, only text (and refusal) parts count. Parts are joined by newlines.
-    """
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, Sequence):
-        return str(content) if placeholders else ""
-    texts: list[str] = []
-    for part in content:
-        if isinstance(part, str):
-            texts.append(part)
-            continue
-        if not isinstance(part, Mapping):
-            continue
-        kind = part.get("type")
-        if kind in _TEXT_PARTS or (kind is None and isinstance(part.get("text"), str)):
-            value = part.get("text")
-            if isinstance(value, str):
-                texts.append(value)
-        elif kind == "refusal":
-            value = part.get("refusal")
-            if isinstance(value, str):
-                texts.append(value)
-        elif not placeholders:
-            continue
-        elif kind in _IMAGE_PARTS:
-            texts.append("[image]")
-        elif kind in ("input_audio", "audio"):
-            texts.append("[audio]")
-        elif kind == "file":
-            file = part.get("file")
-            name = file.get("filename") if isinstance(file, Mapping) else None
-            texts.append(f"[file: {name}]" if isinstance(name, str) and name else "[file]")
-        else:
-            texts.append(f"[{kind}]")
-    return "\n".join(texts)
-
-
-def _args_text(args: object) -> str:
-    if args is None:
-        return ""
-    if isinstance(args, str):
-        return args
-    try:
-        return json.dumps(args, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(args)
-
-
-def tool_calls(msg: Message) -> list[tuple[str, str, str]]:
-    """``(id, name, arguments)`` of an assistant message's calls: ``tool_calls`` entries
-    (function or custom) and a legacy ``function_call`` (id ``""``)."""
-    out: list[tuple[str, str, str]] = []
-    calls = msg.get("tool_calls")
-    if isinstance(calls, Sequence) and not isinstance(calls, str):
-        for call in calls:
-            if not isinstance(call, Mapping):
-                continue
-            call_id = call.get("id")
-            fn = call.get("function")
-            if not isinstance(fn, Mapping):
-                fn = call.get("custom")
-            if not isinstance(fn, Mapping):
-                fn = {}
-            name = fn.get("name")
-            args = fn.get("arguments", fn.get("input"))
-            out.append((
-                call_id if isinstance(call_id, str) else "",
-                name if isinstance(name, str) and name else "?",
-                _args_text(args),
-            ))
-    legacy = msg.get("function_call")
-    if isinstance(legacy, Mapping):
-        name = legacy.get("name")
-        out.append(("", name if isinstance(name, str) and name else "?",
-                    _args_text(legacy.get("arguments"))))
-    return out
 
 
 def _call_names(evicted: Sequence[Message]) -> dict[str, str]:

@@ -34,16 +34,16 @@ from dataclasses import dataclass
 from typing import Final
 
 from proxy.compaction.message import previous_text
-from proxy.compaction.prompt import USER_REQUESTS_HEADING, Message, content_text, shorten
+from proxy.compaction.prompt import USER_REQUESTS_HEADING, Message, shorten
 from proxy.compaction.sections import (
     USER_KEY,
     Section,
     close_fences,
     join_sections,
-    normalise_newlines,
     parse_heading,
     split_sections,
 )
+from proxy.model import content_text, normalise_newlines
 
 __all__ = [
     "UserRequests",

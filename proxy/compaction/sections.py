@@ -34,7 +34,6 @@ __all__ = [
     "close_fences",
     "is_valid_summary",
     "join_sections",
-    "normalise_newlines",
     "normalize_summary",
     "parse_heading",
     "split_sections",
@@ -246,7 +245,3 @@ def clean_answer(answer: str) -> str:
         if bare and (dropped_fence or not any(line.strip() for line in rest[idx + 1 :])):
             rest = rest[:idx]
     return "\n".join(rest).strip()
-
-
-def normalise_newlines(text: str) -> str:
-    return text.replace("\r\n", "\n").replace("\r", "\n")

@@ -49,9 +49,7 @@ from proxy.compaction.prompt import (
     build_prompt,
     retry_prompt,
 )
-from proxy.compaction.prompt import content_text as content_text
 from proxy.compaction.prompt import shorten as shorten
-from proxy.compaction.prompt import tool_calls as tool_calls
 from proxy.compaction.requests import (
     UserRequests,
     compose_summary,

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from proxy.pipeline.model import Message
+from proxy.model import Message
 
 __all__ = ["Format", "Parsed", "Tap"]
 

@@ -37,7 +37,7 @@ the TTL lapsed. The reason, first that applies:
                 earlier message: it edited, rewound or compacted its own history), and its
                 change comes first in the bytes;
 ``compaction``  the request starts a new epoch: ctxproxy rewrote what it had forwarded (a new
-                summary, re-cuts, the last resort; :mod:`proxy.pipeline.epoch`);
+                summary, re-cuts, the last resort; :mod:`proxy.history.epoch`);
 ``client``      the client changed its history after the point the compaction rewrote;
 ``unknown``     none of these: the provider dropped the prefix on its own (eviction, another
                 cache shard).
@@ -49,8 +49,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from proxy.ledger.entry import Prefix
-from proxy.ledger.usage import Usage
+from proxy.store.ledger_entry import Prefix
+from proxy.usage import Usage
 
 __all__ = [
     "ClientChange",

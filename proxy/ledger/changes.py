@@ -28,7 +28,7 @@ A cut's excerpt is always the original's first ``kept_bytes`` bytes (:mod:`proxy
 truncate`), so with the notice and the original's file the whole diff can be shown without
 storing the forwarded text.
 
-Between two compactions a session's forwarded history only grows (:mod:`proxy.pipeline.epoch`),
+Between two compactions a session's forwarded history only grows (:mod:`proxy.history.epoch`),
 so :func:`describe` can be asked for what is new since the previous request (``since``): the
 changes to the messages the client added, and at an epoch's start (``since=0``) everything.
 """
@@ -39,17 +39,17 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from proxy.compaction.message import is_summary_message
-from proxy.ledger.entry import Change
+from proxy.filewise.envelope import split_envelope
+from proxy.filewise.markers import PREFIX
+from proxy.filewise.rereads import parse_delta, parse_marker
+from proxy.history.epoch import THINKING_DROPPED
+from proxy.history.turns import RESULT_ROLES
 from proxy.memory.inject import is_memory_message
-from proxy.pipeline.envelope import split_envelope
-from proxy.pipeline.epoch import THINKING_DROPPED
-from proxy.pipeline.markers import PREFIX
-from proxy.pipeline.model import WIRE, Message, result_text
-from proxy.pipeline.notice import split_notice, utf8_len
-from proxy.pipeline.rereads import parse_delta, parse_marker
-from proxy.pipeline.turns import RESULT_ROLES
+from proxy.model import WIRE, Message, result_text
 from proxy.pipeline.validate import PLACEHOLDER
+from proxy.store.ledger_entry import Change
 from proxy.store.tool_results import relative_path, result_id
+from proxy.truncation.notice import split_notice, utf8_len
 
 __all__ = ["OWN_FORMS", "describe"]
 

@@ -15,9 +15,11 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.catalog.prices import Prices
 from proxy.config import LedgerConfig, OffloadConfig
 from proxy.formats import Parsed
-from proxy.formats.messages import strip_cache_control
+from proxy.formats.messages.request import strip_cache_control
+from proxy.history.turns import LEADING_ROLES
 from proxy.ledger.cache import (
     ClientChange,
     attribute,
@@ -27,16 +29,14 @@ from proxy.ledger.cache import (
     direct_usage,
     local_scale,
 )
-from proxy.ledger.calls import Call
 from proxy.ledger.changes import OWN_FORMS, describe
-from proxy.ledger.entry import Change, LedgerEntry, Prefix
-from proxy.ledger.prices import Prices
-from proxy.ledger.usage import Usage, parse_usage
-from proxy.pipeline.count import RequestCounter
-from proxy.pipeline.model import PipelineResult
-from proxy.pipeline.turns import LEADING_ROLES
+from proxy.model import PipelineResult
 from proxy.session import Identity
 from proxy.store.chains import DigestCacheLike, canonical, chain_hashes
+from proxy.store.ledger_entry import Change, LedgerEntry, Prefix
+from proxy.tokens.request import RequestCounter
+from proxy.upstream.calls import Call
+from proxy.usage import Usage, parse_usage
 
 __all__ = ["Previous", "Recorder", "RequestCalls", "Ticket", "marker_free_chains"]
 

@@ -30,19 +30,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from proxy.background import Background
+from proxy.catalog.prices import Prices
 from proxy.config import LedgerConfig, OffloadConfig
 from proxy.formats import Parsed
-from proxy.ledger.calls import Call
-from proxy.ledger.entry import LedgerEntry
-from proxy.ledger.prices import Prices
 from proxy.ledger.record import Previous, Recorder, RequestCalls, Ticket
 from proxy.lru import LRU
 from proxy.metrics import Metrics
-from proxy.pipeline.count import RequestCounter
-from proxy.pipeline.model import PipelineResult
+from proxy.model import PipelineResult
 from proxy.session import Identity
 from proxy.store.chains import DigestCacheLike
 from proxy.store.interfaces import LedgerStore
+from proxy.store.ledger_entry import LedgerEntry
+from proxy.tokens.request import RequestCounter
+from proxy.upstream.calls import Call
 from proxy.writes import Writes
 
 __all__ = ["Ledger", "NullLedger", "RequestCalls", "Ticket"]

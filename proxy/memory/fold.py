@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from proxy.compaction.sections import clean_answer, normalise_newlines
+from proxy.compaction.sections import clean_answer
+from proxy.model import normalise_newlines
 
 __all__ = ["FOLD_SECTIONS", "cap", "clean_fold", "fold_prompt"]
 

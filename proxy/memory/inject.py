@@ -4,7 +4,7 @@ The pipeline works on chat-shaped messages whatever the wire format; :func:`inje
 memory message right after the leading system/developer messages of the *client's* history,
 that is before a summary the compaction inserted there. Each format writes it where it keeps
 system text (chat: a system message; Responses: a developer item; Anthropic Messages: the
-first text block of the first user turn, :mod:`proxy.formats.messages`). Same text and same
+first text block of the first user turn, :mod:`proxy.formats.messages.request`). Same text and same
 messages give the same bytes.
 """
 
@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from proxy.compaction.prompt import content_text
-from proxy.pipeline.model import Message
+from proxy.model import Message, content_text
 
 __all__ = ["MEMORY_HEADING", "inject", "is_memory_message", "memory_message"]
 

@@ -34,13 +34,13 @@ from proxy.background import Background
 from proxy.compaction.client import Complete, SummarizerClient
 from proxy.compaction.facts import stamp_facts
 from proxy.config import MemoryConfig
-from proxy.ledger.calls import CallSink
 from proxy.lru import LRU
 from proxy.memory.fold import cap, clean_fold, fold_prompt
 from proxy.memory.inject import memory_message
-from proxy.pipeline.model import Message, RequestView
+from proxy.model import Message, RequestView
 from proxy.store.interfaces import MemoryStore
 from proxy.store.memory import FoldClaim, MemoryVersion, ScopeRow
+from proxy.upstream.calls import CallSink
 from proxy.writes import Mode, Writes
 
 __all__ = ["Memory", "NoMemoryStore", "NullMemory"]

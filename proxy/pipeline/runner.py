@@ -38,28 +38,21 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from proxy.compaction.planner import Decision, Planner
+from proxy.history.epoch import ageing_epoch, drop_thinking
+from proxy.history.native import head as native_head
+from proxy.history.turns import leading_system_count
 from proxy.lru import LRU
 from proxy.memory.inject import inject
-from proxy.pipeline.ageing import aged_at
-from proxy.pipeline.count import CountStage, RequestCounter
-from proxy.pipeline.epoch import ageing_epoch, drop_thinking
-from proxy.pipeline.model import (
-    FileWrite,
-    Message,
-    PipelineResult,
-    RequestView,
-    Stage,
-    StageOutcome,
-)
-from proxy.pipeline.native import head as native_head
-from proxy.pipeline.offload import Offloader
-from proxy.pipeline.replay import Source as RoundsSource
-from proxy.pipeline.replay import run as replay_rounds
-from proxy.pipeline.turns import leading_system_count
+from proxy.model import FileWrite, Message, PipelineResult, RequestView, Stage, StageOutcome
+from proxy.offload.ageing import aged_at
+from proxy.offload.stage import Offloader
 from proxy.pipeline.validate import ValidateStage
-from proxy.pipeline.work import Work
+from proxy.retrieval.replay import Source as RoundsSource
+from proxy.retrieval.replay import run as replay_rounds
 from proxy.store.interfaces import Originals
 from proxy.store.summaries import SummaryRecord
+from proxy.tokens.request import CountStage, RequestCounter
+from proxy.work import Work
 from proxy.writes import Mode
 
 __all__ = ["Pipeline"]

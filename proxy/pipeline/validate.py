@@ -70,7 +70,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.pipeline.model import Message, RequestView, StageOutcome
+from proxy.model import Message, RequestView, StageOutcome
 
 _log = logging.getLogger("proxy.pipeline")
 

@@ -16,7 +16,7 @@ An answer that calls both the proxy's tool and the client's tools is returned wi
 client's calls, because the client could neither run the proxy's nor continue with a
 half-answered turn. The proxy's calls are still run (after the answer is complete), and the
 model's whole answer and their results kept with the rounds (:class:`Rounds`): later turns
-forward the history as the model saw it (proxy.pipeline.replay).
+forward the history as the model saw it (proxy.retrieval.replay).
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ import orjson
 from starlette.types import Send
 from yarl import URL
 
-from proxy.asgi import Headers, send_whole
+from proxy import rawjson as json
 from proxy.errors import ProxyError, UpstreamError, UpstreamStatusError, UpstreamTimeout
-from proxy.formats import json
 from proxy.retrieval.tool import ReadTool
+from proxy.server.asgi import Headers, send_whole
 from proxy.session import Identity
+from proxy.sse import SSEDecoder
 from proxy.upstream.http import Upstream, response_headers
 from proxy.upstream.relay import read_whole, redact_secret, sse_error_event
-from proxy.upstream.sse import SSEDecoder
 from proxy.upstream.thinking import Binding
 
 log = logging.getLogger("proxy.upstream")
@@ -60,7 +60,7 @@ class Rounds:
     rounds: int = 0
     internal: list[dict[str, Any]] = field(default_factory=list)  # the proxy's calls + results
     usage: dict[str, Any] | None = None
-    # For putting the rounds back on later turns (proxy.rounds): each internal wire item as it
+    # For putting the rounds back on later turns (proxy.retrieval.rounds): each internal wire item as it
     # was forwarded, and, when the answer's own calls of the proxy's tool were dropped from the
     # client's copy, the model's answer (wire items) and the results of those calls.
     wire: list[bytes] = field(default_factory=list)
@@ -130,7 +130,7 @@ def _list(value: Any) -> list[Any]:
 
 class Encoder:
     """Each round's request bytes: the forwarded body (``raw``) byte for byte, with only what
-    the loop must change spliced in (:mod:`proxy.formats.json`): the read tool appended to
+    the loop must change spliced in (:mod:`proxy.rawjson`): the read tool appended to
     ``tools`` (``body``, the same request parsed, has it: ``with_tool``) and every internal
     round's items appended to the conversation array ``key``. The tools stay the same in every
     round: a tools array that changed from one round (or turn) to the next would discard the

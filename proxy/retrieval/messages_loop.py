@@ -35,11 +35,11 @@ import orjson
 from starlette.types import Send
 from yarl import URL
 
-from proxy.asgi import Headers, send_whole
+from proxy import rawjson as json
 from proxy.errors import ProxyError
-from proxy.formats import json
-from proxy.formats.messages_answer import MessagesAssembler
+from proxy.formats.messages.answer import MessagesAssembler
 from proxy.retrieval.loop import Finish, OnStatus, ReaderBase, Rounds, Settled, StreamOut, frame
+from proxy.server.asgi import Headers, send_whole
 from proxy.session import Identity
 from proxy.upstream.http import response_headers
 from proxy.upstream.relay import anthropic_error_event, read_whole

@@ -33,9 +33,8 @@ import orjson
 from starlette.types import Send
 from yarl import URL
 
-from proxy.asgi import Headers, send_whole
+from proxy import rawjson as json
 from proxy.errors import ProxyError
-from proxy.formats import json
 from proxy.retrieval.loop import (
     Encoder,
     Finish,
@@ -46,6 +45,7 @@ from proxy.retrieval.loop import (
     StreamOut,
     frame,
 )
+from proxy.server.asgi import Headers, send_whole
 from proxy.session import Identity
 from proxy.upstream.http import response_headers
 from proxy.upstream.relay import read_whole

@@ -13,13 +13,13 @@ from proxy.compaction.message import is_summary_message
 from proxy.config import Config
 from proxy.errors import OffloadedFileMissing
 from proxy.memory.inject import is_memory_message
-from proxy.pipeline.notice import parse_notice
-from proxy.pipeline.truncate import read_chunk
 from proxy.session import Identity
 from proxy.store import fs
 from proxy.store.backend import DiskFiles
 from proxy.store.interfaces import MemoryStore, Originals, SessionFiles
 from proxy.store.paths import DIALOG_DIR, MEMORY_DAYS_DIR, TOOL_RESULT_DIR
+from proxy.truncation.cut import read_chunk
+from proxy.truncation.notice import parse_notice
 
 _ALLOWED = re.compile(
     rf"(?:{TOOL_RESULT_DIR}/[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}\.txt"

@@ -28,12 +28,12 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from proxy.ledger.entry import LedgerEntry, LedgerTotals
     from proxy.store.chains import DigestCacheLike
     from proxy.store.db import SessionRow
     from proxy.store.dialog import FileSpan, RecordResult
     from proxy.store.fs import Entry
     from proxy.store.gc import GcReport
+    from proxy.store.ledger_entry import LedgerEntry, LedgerTotals
     from proxy.store.memory import FoldClaim, MemoryVersion, ScopeRow
     from proxy.store.rounds import RoundsRecord
     from proxy.store.summaries import SummaryRecord
@@ -157,7 +157,7 @@ class RoundStore(Protocol):
 
 
 class LedgerStore(Protocol):
-    """The cost ledger (:mod:`proxy.ledger.entry`): one row per billed call, and per-session
+    """The cost ledger (:mod:`proxy.store.ledger_entry`): one row per billed call, and per-session
     totals kept in step with the rows (so a tenant's page is one query, not a scan)."""
 
     def add(self, entries: Sequence[LedgerEntry]) -> None:

@@ -1,4 +1,4 @@
-"""The cost ledger's rows (the ``LedgerStore`` Protocol; values in :mod:`proxy.ledger.entry`),
+"""The cost ledger's rows (the ``LedgerStore`` Protocol; values in :mod:`proxy.store.ledger_entry`),
 in the files backend's SQLite database; :mod:`proxy.store.postgres.ledger` is the same store
 over PostgreSQL, with the same SQL.
 
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, Final, Protocol
 
-from proxy.ledger.entry import LedgerEntry, LedgerTotals, decode_entry, encode_entry
-from proxy.ledger.usage import Usage
 from proxy.store.db import Database
+from proxy.store.ledger_entry import LedgerEntry, LedgerTotals, decode_entry, encode_entry
 from proxy.store.paths import check_name
+from proxy.usage import Usage
 
 __all__ = ["PG_SQL", "SQLITE_SQL", "Cursor", "Execute", "LedgerSql", "SqlLedger", "SqliteLedger", "like_pattern"]
 

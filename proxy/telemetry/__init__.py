@@ -31,9 +31,9 @@ from proxy.config import TelemetryConfig
 from proxy.errors import ConfigError
 
 if TYPE_CHECKING:
-    from proxy.ledger.entry import LedgerEntry
-    from proxy.pipeline.model import PipelineResult
+    from proxy.model import PipelineResult
     from proxy.session import Identity
+    from proxy.store.ledger_entry import LedgerEntry
 
 __all__ = [
     "NULL_SPAN",

@@ -15,8 +15,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from proxy.errors import ProxyError
-from proxy.ledger.entry import LedgerEntry
-from proxy.ledger.usage import Usage
+from proxy.store.ledger_entry import LedgerEntry
+from proxy.usage import Usage
 
 __all__ = [
     "OPERATION",

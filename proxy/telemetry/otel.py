@@ -44,9 +44,9 @@ from proxy.telemetry.attributes import (
 )
 
 if TYPE_CHECKING:
-    from proxy.ledger.entry import LedgerEntry
-    from proxy.pipeline.model import PipelineResult
+    from proxy.model import PipelineResult
     from proxy.session import Identity
+    from proxy.store.ledger_entry import LedgerEntry
 
 __all__ = ["OtelSpan", "OtelTelemetry"]
 

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.types import Scope, Send
 
-from proxy.asgi import timing_of
+from proxy.server.asgi import timing_of
 from proxy.upstream.http import Upstream, response_headers
 from proxy.upstream.relay import relay_buffered, relay_stream, sse_error_event
 from proxy.upstream.thinking import Binding

@@ -28,7 +28,7 @@ _HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
-        # The proxy decodes a compressed request body (proxy.encoding): what it forwards is
+        # The proxy decodes a compressed request body (proxy.server.encoding): what it forwards is
         # identity bytes, which this header would no longer describe.
         "content-encoding",
         "accept-encoding",

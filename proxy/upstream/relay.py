@@ -12,8 +12,8 @@ import aiohttp
 import orjson
 from starlette.types import Send
 
-from proxy.asgi import Headers, send_whole
 from proxy.errors import UpstreamError, UpstreamTimeout, envelope
+from proxy.server.asgi import Headers, send_whole
 
 __all__ = [
     "BeforeEnd",

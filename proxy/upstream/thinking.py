@@ -43,8 +43,8 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from proxy import rawjson as json
 from proxy.background import Background
-from proxy.formats import json
 from proxy.lru import LRU
 from proxy.metrics import Metrics
 from proxy.session import Identity

@@ -1,7 +1,7 @@
 """A cut tool result as a diff: the original (the offloaded file) against what was forwarded.
 
 What ctxproxy forwards for a cut result is the original's first ``kept_bytes`` bytes, then the
-truncation notice on a line of its own (:mod:`proxy.pipeline.notice`: a newline is added first
+truncation notice on a line of its own (:mod:`proxy.truncation.notice`: a newline is added first
 when the excerpt ends mid-line). So the diff is always the same three hunks, and it is computed
 from the file's head and its line count, never from the whole file (offloaded outputs can be
 hundreds of megabytes):

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from proxy.ledger.entry import Change, LedgerEntry, LedgerTotals
-from proxy.ledger.usage import Usage
 from proxy.store.db import format_ts
+from proxy.store.ledger_entry import Change, LedgerEntry, LedgerTotals
+from proxy.usage import Usage
 
 __all__ = [
     "LEDGER_ROWS",

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from proxy.ledger.entry import decode_entry
 from proxy.store import fs
 from proxy.store.db import Database, parse_ts
+from proxy.store.ledger_entry import decode_entry
 from proxy.store.paths import DIALOG_DIR, MEMORY_DAYS_DIR, MEMORY_DIR, TOOL_RESULT_DIR, db_path
 from proxy.store.postgres import PgPool
 from proxy.store.postgres.ledger import PgLedger
