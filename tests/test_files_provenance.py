@@ -27,17 +27,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import ReadTool, config_from_mapping
-from proxy.filewise.provenance import (
-    WHOLE,
-    FileEdit,
-    FileRead,
-    LineRange,
-    Provenance,
-    call_files,
-    provenance,
-    same_file,
-    shell_reads,
-)
+from proxy.filewise.calls import WHOLE, FileEdit, FileRead, LineRange
+from proxy.filewise.provenance import Provenance, call_files, provenance, same_file
+from proxy.filewise.shell import shell_reads
 from proxy.formats.messages.request import MESSAGES
 from proxy.formats.responses.request import RESPONSES
 from proxy.model import Message

@@ -15,16 +15,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.config import config_from_mapping
+from proxy.filewise.calls import WHOLE, FileEdit, FileRead, LineRange
 from proxy.filewise.markers import Pointer
-from proxy.filewise.provenance import (
-    WHOLE,
-    FileEdit,
-    FileRead,
-    LineRange,
-    Provenance,
-    provenance,
-    same_file,
-)
+from proxy.filewise.provenance import Provenance, provenance, same_file
 from proxy.filewise.rereads import (
     DELTA_MAX_RATIO,
     Supersession,

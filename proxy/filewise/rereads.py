@@ -34,6 +34,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from proxy.filewise.calls import WHOLE, FileEdit, FileRead, LineRange
 from proxy.filewise.markers import (
     KEY,
     PREFIX,
@@ -45,16 +46,8 @@ from proxy.filewise.markers import (
     token,
     untoken,
 )
-from proxy.filewise.provenance import (
-    WHOLE,
-    FileEdit,
-    FileRead,
-    LineRange,
-    Provenance,
-    same_file,
-    shell_script,
-    shell_tool,
-)
+from proxy.filewise.provenance import Provenance, same_file, shell_tool
+from proxy.filewise.shell import shell_script
 from proxy.model import Message, result_text
 from proxy.truncation.cut import count_lines
 from proxy.truncation.notice import utf8_len

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from proxy.config import ToolPolicy
-from proxy.filewise.provenance import json_args, shell_script
+from proxy.filewise.provenance import json_args
+from proxy.filewise.shell import shell_script
 from proxy.history.turns import RESULT_ROLES
 from proxy.lru import LRU
 from proxy.model import Message
