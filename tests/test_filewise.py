@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from proxy.config import OffloadConfig, RetrievalConfig
 from proxy.filewise.dedupe import Earlier, expand
+from proxy.filewise.delta import apply_delta, parse_delta
 from proxy.filewise.envelope import split_envelope
 from proxy.filewise.plan import plain_lines
-from proxy.filewise.rereads import apply_delta, parse_delta, parse_marker, turn_of
+from proxy.filewise.rereads import parse_marker, turn_of
 from proxy.model import RequestView, result_text
 from proxy.offload.stage import Offloader
 from proxy.session import Identity

@@ -16,20 +16,10 @@ from hypothesis import strategies as st
 
 from proxy.config import config_from_mapping
 from proxy.filewise.calls import WHOLE, FileEdit, FileRead, LineRange
+from proxy.filewise.delta import DELTA_MAX_RATIO, apply_delta, delta_text, parse_delta
 from proxy.filewise.markers import Pointer
 from proxy.filewise.provenance import Provenance, provenance, same_file
-from proxy.filewise.rereads import (
-    DELTA_MAX_RATIO,
-    Supersession,
-    apply_delta,
-    delta_text,
-    marker,
-    parse_delta,
-    parse_marker,
-    reread,
-    superseded,
-    turn_of,
-)
+from proxy.filewise.rereads import Supersession, marker, parse_marker, reread, superseded, turn_of
 from proxy.formats.messages.request import MESSAGES
 from proxy.formats.responses.request import RESPONSES
 from proxy.truncation.notice import utf8_len

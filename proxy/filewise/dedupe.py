@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Final
 
+from proxy.filewise.delta import split_lines
 from proxy.filewise.markers import (
     PREFIX,
     TOKEN,
@@ -51,7 +52,6 @@ from proxy.filewise.markers import (
     token,
     untoken,
 )
-from proxy.filewise.rereads import split_lines
 from proxy.truncation.cut import count_lines
 from proxy.truncation.notice import utf8_len
 

@@ -12,7 +12,7 @@ precedence the offload stage gives them:
 3. a result stage 2 ages: left to stage 2;
 4. a read arriving in this epoch that repeats an earlier read (same tool, file and range)
    still forwarded whole: a delta against it when that is at most half its size
-   (:func:`.rereads.delta_text`); else an output repeating (spans of) earlier outputs still
+   (:func:`.delta.delta_text`); else an output repeating (spans of) earlier outputs still
    forwarded whole: references to them (:func:`.dedupe.duplicate`), for a read only when it
    arrived in this epoch (at an epoch's start a read before it is verbatim or a marker). Both compare the *bodies*, the client's envelope aside
    (:mod:`.envelope`: Claude Code's reminders, Codex's exec header), and forward the new body's
@@ -37,15 +37,14 @@ from typing import Final
 
 from proxy.config import OffloadConfig, ToolPolicy
 from proxy.filewise.dedupe import DedupIndex, Earlier
+from proxy.filewise.delta import delta_text, parse_delta
 from proxy.filewise.envelope import split_envelope
 from proxy.filewise.markers import PREFIX, Pointer
 from proxy.filewise.provenance import CallCache, Provenance, provenance
 from proxy.filewise.rereads import (
     Rereads,
     Supersession,
-    delta_text,
     marker,
-    parse_delta,
     parse_marker,
     superseded,
     turns_upto,

@@ -39,9 +39,10 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from proxy.compaction.message import is_summary_message
+from proxy.filewise.delta import parse_delta
 from proxy.filewise.envelope import split_envelope
 from proxy.filewise.markers import PREFIX
-from proxy.filewise.rereads import parse_delta, parse_marker
+from proxy.filewise.rereads import parse_marker
 from proxy.history.epoch import THINKING_DROPPED
 from proxy.history.turns import RESULT_ROLES
 from proxy.memory.inject import is_memory_message
