@@ -62,7 +62,6 @@ from proxy.retrieval.responses_loop import ResponsesReader
 from proxy.retrieval.rounds import Replays
 from proxy.retrieval.tool import ReadTool
 from proxy.store.backend import open_backend
-from proxy.store.db import SessionRow
 from proxy.store.interfaces import (
     MemoryStore,
     Originals,
@@ -71,7 +70,7 @@ from proxy.store.interfaces import (
     StoreBackend,
     Summaries,
 )
-from proxy.store.sessions import SessionCounters
+from proxy.store.sessions import SessionCounters, SessionRow
 from proxy.store.summaries import SummaryRecord
 from proxy.store.usage import DiskUsage
 from proxy.telemetry import Telemetry, open_telemetry

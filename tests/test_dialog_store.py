@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.store import fs
-from proxy.store.db import SCHEMA_VERSION, Database, SchemaError
+from proxy.store.db import Database, SchemaError
 from proxy.store.dialog import (
     DialogArchive,
     DigestCache,
@@ -27,6 +27,7 @@ from proxy.store.dialog import (
     read,
     read_lines,
 )
+from proxy.store.migrations import SCHEMA_VERSION
 from proxy.store.paths import (
     InvalidName,
     check_name,

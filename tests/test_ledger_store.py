@@ -24,7 +24,7 @@ from harness.postgres import PostgresServer
 from harness.process import free_port
 from proxy.errors import InvalidName, SchemaError, StoreUnavailable
 from proxy.store.backend import FilesBackend
-from proxy.store.db import MIGRATIONS, SCHEMA_VERSION, Database
+from proxy.store.db import Database
 from proxy.store.ledger import SqliteLedger, SqlLedger, like_pattern
 from proxy.store.ledger_entry import (
     CACHE_REASONS,
@@ -36,6 +36,7 @@ from proxy.store.ledger_entry import (
     decode_entry,
     encode_entry,
 )
+from proxy.store.migrations import MIGRATIONS, SCHEMA_VERSION
 from proxy.store.postgres import PgPool, PostgresBackend, upgrade
 from proxy.store.postgres.copy import copy_data_dir
 from proxy.store.postgres.ledger import PgLedger

@@ -337,7 +337,7 @@ def test_the_sqlite_store_keeps_the_bytes_and_the_first_record(tmp_path: Path) -
 def test_a_database_from_before_gains_the_table(tmp_path: Path) -> None:
     import sqlite3
 
-    from proxy.store.db import MIGRATIONS, SCHEMA_VERSION
+    from proxy.store.migrations import MIGRATIONS, SCHEMA_VERSION
 
     rounds_version = 5  # the version that added the table
     assert any("CREATE TABLE rounds" in s for s in MIGRATIONS[rounds_version - 1])

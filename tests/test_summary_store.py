@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from proxy.store.db import MIGRATIONS, SCHEMA_VERSION, Database
+from proxy.store.db import Database
 from proxy.store.dialog import DialogArchive, FileSpan, chain_hashes
+from proxy.store.migrations import MIGRATIONS, SCHEMA_VERSION
 from proxy.store.paths import InvalidName, summaries_dir
 from proxy.store.summaries import SummaryRecord, SummaryStore
 

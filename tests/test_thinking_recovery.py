@@ -23,8 +23,9 @@ from proxy.demo.fake.upstream import FakeUpstream, Received, Reply
 from proxy.formats.messages.answer import MessagesTap
 from proxy.metrics import Metrics
 from proxy.session import Identity, tenant_of
-from proxy.store.db import MIGRATIONS, SCHEMA_VERSION, Database
+from proxy.store.db import Database
 from proxy.store.dialog import DialogArchive
+from proxy.store.migrations import MIGRATIONS, SCHEMA_VERSION
 from proxy.store.paths import db_path
 from proxy.store.postgres import PostgresBackend, upgrade
 from proxy.store.postgres.schema import MIGRATIONS as PG_MIGRATIONS

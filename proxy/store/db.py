@@ -23,9 +23,9 @@ Connection policy, and why:
 * Callers on the event loop should run the write paths through ``asyncio.to_thread``: holding
   the lock, a write may wait on disk.
 
-Schema versions live in ``PRAGMA user_version``; :data:`MIGRATIONS` ``[i]`` upgrades version ``i``
-to ``i + 1``, each in its own transaction. A database newer than this code is refused rather than
-silently misread.
+Schema versions live in ``PRAGMA user_version``: opening the database runs the steps of
+:data:`proxy.store.migrations.MIGRATIONS` from its version on, each in its own transaction. A
+database newer than this code is refused rather than silently misread.
 """
 
 from __future__ import annotations
@@ -35,292 +35,21 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Final
 
 from proxy.errors import SchemaError as SchemaError
+from proxy.store.migrations import MIGRATIONS, SCHEMA_VERSION
 from proxy.store.paths import check_name, db_path
+from proxy.store.sessions import SessionRow, check_counters
+from proxy.store.times import format_ts, parse_ts, utc
 
 __all__ = [
-    "MIGRATIONS",
-    "SCHEMA_VERSION",
-    "SESSION_COUNTERS",
     "Database",
     "SchemaError",
-    "SessionRow",
-    "check_counters",
-    "format_ts",
-    "parse_ts",
-    "utc",
 ]
 
 log = logging.getLogger("proxy.store")
-
-# Each entry is the list of statements taking the schema from version i to i + 1. Never edit a
-# released entry; append a new one (ALTER TABLE / new tables) instead.
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
-    (
-        # One row per distinct message of a session, keyed by its chain hash (which encodes the
-        # whole prefix, so the same text at another position is another row). file is relative
-        # to the session directory, line is 1-based.
-        """CREATE TABLE messages (
-            tenant   TEXT NOT NULL,
-            session  TEXT NOT NULL,
-            chain    TEXT NOT NULL,
-            position INTEGER NOT NULL,
-            parent   TEXT,
-            role     TEXT,
-            file     TEXT NOT NULL,
-            line     INTEGER NOT NULL,
-            ts       TEXT NOT NULL,
-            PRIMARY KEY (tenant, session, chain)
-        ) WITHOUT ROWID""",
-        "CREATE INDEX messages_by_file ON messages (tenant, session, file, line)",
-        # Line counter per archive file, so appends need not re-count; size detects files that
-        # changed behind our back (a torn write, a restore) and triggers one re-count.
-        """CREATE TABLE dialog_files (
-            tenant  TEXT NOT NULL,
-            session TEXT NOT NULL,
-            file    TEXT NOT NULL,
-            lines   INTEGER NOT NULL,
-            size    INTEGER NOT NULL,
-            PRIMARY KEY (tenant, session, file)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE summaries (
-            tenant         TEXT NOT NULL,
-            session        TEXT NOT NULL,
-            chain          TEXT NOT NULL,
-            v              INTEGER NOT NULL,
-            head           INTEGER NOT NULL,
-            upto           INTEGER NOT NULL,
-            previous_chain TEXT,
-            text           TEXT NOT NULL,
-            source         TEXT NOT NULL,
-            model          TEXT,
-            created_at     TEXT NOT NULL,
-            tokens_before  INTEGER NOT NULL,
-            tokens_after   INTEGER NOT NULL,
-            span           TEXT NOT NULL,
-            PRIMARY KEY (tenant, session, chain)
-        )""",
-        "CREATE INDEX summaries_by_time ON summaries (tenant, session, created_at)",
-        """CREATE TABLE sessions (
-            tenant      TEXT NOT NULL,
-            session     TEXT NOT NULL,
-            turns       INTEGER NOT NULL DEFAULT 0,
-            tokens_in   INTEGER NOT NULL DEFAULT 0,
-            tokens_out  INTEGER NOT NULL DEFAULT 0,
-            compactions INTEGER NOT NULL DEFAULT 0,
-            offloads    INTEGER NOT NULL DEFAULT 0,
-            messages    INTEGER NOT NULL DEFAULT 0,
-            first_seen  TEXT NOT NULL,
-            last_seen   TEXT NOT NULL,
-            last_chain  TEXT,
-            PRIMARY KEY (tenant, session)
-        ) WITHOUT ROWID""",
-        "CREATE INDEX sessions_by_last_seen ON sessions (tenant, last_seen)",
-    ),
-    (
-        # How many messages the history held when the compaction was made: stage-2 ageing is
-        # timed to compactions and recomputed from it.
-        "ALTER TABLE summaries ADD COLUMN seen INTEGER NOT NULL DEFAULT 0",
-    ),
-    (
-        # Long-term memory (proxy.store.memory): one row per scope (its current version, the
-        # newest fact recorded, the last fold, and the fold lock), every folded version's
-        # text, and the version each session's prefix is pinned to until its next compaction.
-        """CREATE TABLE memory_scopes (
-            tenant        TEXT NOT NULL,
-            scope         TEXT NOT NULL,
-            version       INTEGER NOT NULL DEFAULT 0,
-            last_entry_at TEXT,
-            folded_at     TEXT,
-            lease_until   TEXT,
-            lease_token   TEXT,
-            PRIMARY KEY (tenant, scope)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE memory_versions (
-            tenant     TEXT NOT NULL,
-            scope      TEXT NOT NULL,
-            version    INTEGER NOT NULL,
-            text       TEXT NOT NULL,
-            created_at TEXT NOT NULL,
-            PRIMARY KEY (tenant, scope, version)
-        )""",
-        """CREATE TABLE memory_pins (
-            tenant     TEXT NOT NULL,
-            scope      TEXT NOT NULL,
-            session    TEXT NOT NULL,
-            epoch      TEXT NOT NULL,
-            version    INTEGER NOT NULL,
-            created_at TEXT NOT NULL,
-            PRIMARY KEY (tenant, scope, session, epoch)
-        ) WITHOUT ROWID""",
-    ),
-    (
-        # When a thinking block of the session was first refused by Anthropic's prefix check
-        # (NULL: never): its requests then go with drop_block (proxy.upstream.thinking).
-        "ALTER TABLE sessions ADD COLUMN thinking_dropped_at TEXT",
-    ),
-    (
-        # The proxy's own read rounds of an answer, put back before it on later turns
-        # (proxy.store.rounds): keyed by the answer as the client got it.
-        """CREATE TABLE rounds (
-            tenant     TEXT NOT NULL,
-            session    TEXT NOT NULL,
-            answer_key TEXT NOT NULL,
-            body       BLOB NOT NULL,
-            created_at TEXT NOT NULL,
-            PRIMARY KEY (tenant, session, answer_key)
-        ) WITHOUT ROWID""",
-        "CREATE INDEX rounds_by_time ON rounds (created_at)",
-    ),
-    (
-        # The cost ledger (proxy.store.ledger): one row per billed call (a rowid table: the
-        # rowid is the insertion order, which breaks ties of ts), its columns what is summed or
-        # searched and body the whole entry; the totals per session kept in step with the
-        # rows, and the cache breaks per session and reason. ts: unix seconds.
-        """CREATE TABLE ledger (
-            tenant                TEXT NOT NULL,
-            session               TEXT NOT NULL,
-            id                    TEXT NOT NULL,
-            request               TEXT NOT NULL,
-            ts                    REAL NOT NULL,
-            kind                  TEXT NOT NULL,
-            api                   TEXT NOT NULL,
-            model                 TEXT NOT NULL,
-            status                INTEGER NOT NULL,
-            tokens_sent           INTEGER NOT NULL,
-            tokens_forwarded      INTEGER NOT NULL,
-            input                 INTEGER NOT NULL,
-            cache_read            INTEGER NOT NULL,
-            cache_write_5m        INTEGER NOT NULL,
-            cache_write_1h        INTEGER NOT NULL,
-            output                INTEGER NOT NULL,
-            reasoning             INTEGER NOT NULL,
-            iterations            INTEGER NOT NULL,
-            estimated             INTEGER NOT NULL,
-            cost                  REAL,
-            direct_input          INTEGER NOT NULL,
-            direct_cache_read     INTEGER NOT NULL,
-            direct_cache_write_5m INTEGER NOT NULL,
-            direct_cache_write_1h INTEGER NOT NULL,
-            direct_output         INTEGER NOT NULL,
-            direct_reasoning      INTEGER NOT NULL,
-            direct_iterations     INTEGER NOT NULL,
-            direct_cost           REAL,
-            cache_reason          TEXT,
-            body                  BLOB NOT NULL,
-            PRIMARY KEY (tenant, session, id)
-        )""",
-        "CREATE INDEX ledger_by_session_time ON ledger (tenant, session, ts)",
-        "CREATE INDEX ledger_by_time ON ledger (ts)",
-        """CREATE TABLE ledger_sessions (
-            tenant                TEXT NOT NULL,
-            session               TEXT NOT NULL,
-            requests              INTEGER NOT NULL,
-            calls                 INTEGER NOT NULL,
-            estimated             INTEGER NOT NULL,
-            tokens_sent           INTEGER NOT NULL,
-            tokens_forwarded      INTEGER NOT NULL,
-            input                 INTEGER NOT NULL,
-            cache_read            INTEGER NOT NULL,
-            cache_write_5m        INTEGER NOT NULL,
-            cache_write_1h        INTEGER NOT NULL,
-            output                INTEGER NOT NULL,
-            reasoning             INTEGER NOT NULL,
-            iterations            INTEGER NOT NULL,
-            direct_input          INTEGER NOT NULL,
-            direct_cache_read     INTEGER NOT NULL,
-            direct_cache_write_5m INTEGER NOT NULL,
-            direct_cache_write_1h INTEGER NOT NULL,
-            direct_output         INTEGER NOT NULL,
-            direct_reasoning      INTEGER NOT NULL,
-            direct_iterations     INTEGER NOT NULL,
-            cost                  REAL NOT NULL,
-            direct_cost           REAL NOT NULL,
-            unpriced              INTEGER NOT NULL,
-            first_ts              REAL NOT NULL,
-            last_ts               REAL NOT NULL,
-            PRIMARY KEY (tenant, session)
-        ) WITHOUT ROWID""",
-        "CREATE INDEX ledger_sessions_by_time ON ledger_sessions (tenant, last_ts)",
-        "CREATE INDEX ledger_sessions_by_time_all ON ledger_sessions (last_ts)",
-        """CREATE TABLE ledger_breaks (
-            tenant  TEXT NOT NULL,
-            session TEXT NOT NULL,
-            reason  TEXT NOT NULL,
-            n       INTEGER NOT NULL,
-            PRIMARY KEY (tenant, session, reason)
-        ) WITHOUT ROWID""",
-    ),
-    (
-        # Why a fallback summary is one (the summarizer's failure, redacted); NULL for a
-        # model's summary and for fallbacks made before this column.
-        "ALTER TABLE summaries ADD COLUMN error TEXT",
-    ),
-)
-SCHEMA_VERSION: Final = len(MIGRATIONS)
-
-# Counters update_session_stats may touch. "messages" is maintained by the dialog archive.
-SESSION_COUNTERS: Final = frozenset({"turns", "tokens_in", "tokens_out", "compactions", "offloads"})
-
-
-def check_counters(tenant: str, session: str, increments: dict[str, int]) -> list[str]:
-    """The names of ``increments``, sorted, once each is a known counter with an int (they
-    become column names in SQL: only the whitelist gets there)."""
-    check_name(tenant, "tenant")
-    check_name(session, "session")
-    for key, value in increments.items():
-        if key not in SESSION_COUNTERS:
-            raise ValueError(f"unknown session counter: {key!r}")
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"session counter {key!r} must be an int, got {value!r}")
-    return sorted(increments)
-
-
-def utc(now: datetime | None = None) -> datetime:
-    """``now`` as an aware UTC datetime; naive values are taken to be UTC already."""
-    if now is None:
-        return datetime.now(UTC)
-    if now.tzinfo is None:
-        return now.replace(tzinfo=UTC)
-    return now.astimezone(UTC)
-
-
-def format_ts(moment: datetime) -> str:
-    # Fixed width (always milliseconds, always +00:00) so the TEXT columns sort chronologically.
-    return utc(moment).isoformat(timespec="milliseconds")
-
-
-def parse_ts(text: str) -> datetime:
-    return utc(datetime.fromisoformat(text))
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRow:
-    """Per-session counters for the /files pages."""
-
-    tenant: str
-    session: str
-    turns: int
-    tokens_in: int
-    tokens_out: int
-    compactions: int
-    offloads: int
-    messages: int  # distinct messages archived
-    first_seen: datetime
-    last_seen: datetime
-    last_chain: str | None  # chain of the newest archived message (branch detection)
-
-    @property
-    def saved_ratio(self) -> float:
-        """Share of client tokens the proxy did not forward (0 when nothing was counted)."""
-        if self.tokens_in <= 0:
-            return 0.0
-        return max(0.0, 1.0 - self.tokens_out / self.tokens_in)
 
 
 def _session_row(row: sqlite3.Row) -> SessionRow:

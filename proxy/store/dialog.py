@@ -57,7 +57,7 @@ from proxy.store.chains import (
     is_chain,
     message_digest,
 )
-from proxy.store.db import Database, SessionRow, format_ts, parse_ts, utc
+from proxy.store.db import Database
 from proxy.store.dialog_read import DialogLine, read, read_handle, read_lines, unique
 from proxy.store.jsonl import count_newlines, line_json, write_all
 from proxy.store.paths import (
@@ -67,6 +67,8 @@ from proxy.store.paths import (
     dialog_filename,
     dialog_parts,
 )
+from proxy.store.sessions import SessionRow
+from proxy.store.times import format_ts, parse_ts, utc
 
 __all__ = [
     "ARCHIVE_VERSION",

@@ -27,10 +27,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from proxy.store import fs
-from proxy.store.db import Database, format_ts
+from proxy.store.db import Database
 from proxy.store.ledger import SqliteLedger
 from proxy.store.memory import expire_memory
 from proxy.store.paths import DIALOG_DIR, MEMORY_DIR, SUMMARIES_DIR
+from proxy.store.times import format_ts
 from proxy.store.tool_results import ToolResultStore
 from proxy.store.usage import DiskUsage
 

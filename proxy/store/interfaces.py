@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from proxy.store.chains import DigestCacheLike
-    from proxy.store.db import SessionRow
     from proxy.store.dialog import FileSpan, RecordResult
     from proxy.store.fs import Entry
     from proxy.store.gc import GcReport
     from proxy.store.ledger_entry import LedgerEntry, LedgerTotals
     from proxy.store.memory import FoldClaim, MemoryVersion, ScopeRow
     from proxy.store.rounds import RoundsRecord
+    from proxy.store.sessions import SessionRow
     from proxy.store.summaries import SummaryRecord
     from proxy.store.usage import DiskUsage
 

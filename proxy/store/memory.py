@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from proxy.store import fs
-from proxy.store.db import Database, format_ts, parse_ts, utc
+from proxy.store.db import Database
 from proxy.store.paths import (
     MEMORY_DAYS_DIR,
     MEMORY_DIR,
@@ -43,6 +43,7 @@ from proxy.store.paths import (
     memory_parts,
     memory_version_name,
 )
+from proxy.store.times import format_ts, parse_ts, utc
 
 __all__ = ["FoldClaim", "MemoryFiles", "MemoryVersion", "ScopeRow", "expire_memory"]
 

@@ -32,8 +32,9 @@ from typing import Final
 import msgspec
 import orjson
 
-from proxy.store.db import Database, format_ts, parse_ts, utc
+from proxy.store.db import Database
 from proxy.store.paths import check_name
+from proxy.store.times import format_ts, parse_ts, utc
 
 __all__ = ["RoundsRecord", "SqliteRounds", "decode_body", "encode_body"]
 

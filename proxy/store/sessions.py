@@ -1,17 +1,65 @@
-"""Per-session counters (turns, tokens in and out, compactions, offloads) for ``/files``: summed
-in memory and written in one transaction per interval, never on a request's path."""
+"""Per-session counters (turns, tokens in and out, compactions, offloads) for ``/files``: the
+row both stores give back (:class:`SessionRow`), the counters a caller may add to (checked by
+:func:`check_counters`, since they become column names), and :class:`SessionCounters`, which
+sums them in memory and writes them in one transaction per interval, never on a request's
+path."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
 
 from proxy.store.interfaces import SessionIndex
+from proxy.store.paths import check_name
 
-__all__ = ["SessionCounters"]
+__all__ = ["SESSION_COUNTERS", "SessionCounters", "SessionRow", "check_counters"]
 
 log = logging.getLogger("proxy.store")
+
+
+# Counters update_session_stats may touch. "messages" is maintained by the dialog archive.
+SESSION_COUNTERS: Final = frozenset({"turns", "tokens_in", "tokens_out", "compactions", "offloads"})
+
+
+def check_counters(tenant: str, session: str, increments: dict[str, int]) -> list[str]:
+    """The names of ``increments``, sorted, once each is a known counter with an int (they
+    become column names in SQL: only the whitelist gets there)."""
+    check_name(tenant, "tenant")
+    check_name(session, "session")
+    for key, value in increments.items():
+        if key not in SESSION_COUNTERS:
+            raise ValueError(f"unknown session counter: {key!r}")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"session counter {key!r} must be an int, got {value!r}")
+    return sorted(increments)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    """Per-session counters for the /files pages."""
+
+    tenant: str
+    session: str
+    turns: int
+    tokens_in: int
+    tokens_out: int
+    compactions: int
+    offloads: int
+    messages: int  # distinct messages archived
+    first_seen: datetime
+    last_seen: datetime
+    last_chain: str | None  # chain of the newest archived message (branch detection)
+
+    @property
+    def saved_ratio(self) -> float:
+        """Share of client tokens the proxy did not forward (0 when nothing was counted)."""
+        if self.tokens_in <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.tokens_out / self.tokens_in)
 
 
 class SessionCounters:

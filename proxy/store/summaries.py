@@ -31,9 +31,10 @@ from typing import Final, Literal
 import orjson
 
 from proxy.store import fs
-from proxy.store.db import Database, format_ts, parse_ts, utc
+from proxy.store.db import Database
 from proxy.store.dialog import FileSpan, format_spans, is_chain
 from proxy.store.paths import SUMMARIES_DIR, check_name, summaries_dir
+from proxy.store.times import format_ts, parse_ts, utc
 
 __all__ = ["SUMMARY_VERSION", "SummaryRecord", "SummarySource", "SummaryStore", "markdown_size"]
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from proxy.store.db import format_ts
 from proxy.store.ledger_entry import Change, LedgerEntry, LedgerTotals
+from proxy.store.times import format_ts
 from proxy.usage import Usage
 
 __all__ = [

@@ -32,14 +32,15 @@ from proxy.auth import Caller, key_headers
 from proxy.errors import AuthRequired, BadRequest, NotFound, OffloadedFileMissing, ProxyError
 from proxy.routes import services_of
 from proxy.services import Services
-from proxy.store.db import SessionRow, format_ts
 from proxy.store.dialog_read import parse_record
 from proxy.store.fs import Hidden, iter_chunks, valid_name
 from proxy.store.interfaces import FileKind, LedgerStore
 from proxy.store.ledger_entry import Change, LedgerEntry
 from proxy.store.memory import ScopeRow
 from proxy.store.paths import MEMORY_DIR, memory_version_name
+from proxy.store.sessions import SessionRow
 from proxy.store.summaries import SummaryRecord
+from proxy.store.times import format_ts
 from proxy.web import ledger as ledger_view
 from proxy.web.access import Ask, Fmt, Window, ask_of, read_head, read_window
 from proxy.web.diff import cut_diff, head_bytes

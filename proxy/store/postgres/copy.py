@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from proxy.store import fs
-from proxy.store.db import Database, parse_ts
+from proxy.store.db import Database
 from proxy.store.ledger_entry import decode_entry
 from proxy.store.paths import DIALOG_DIR, MEMORY_DAYS_DIR, MEMORY_DIR, TOOL_RESULT_DIR, db_path
 from proxy.store.postgres import PgPool
@@ -29,6 +29,7 @@ from proxy.store.postgres.summaries import _COLUMNS as _SUMMARY_COLUMNS
 from proxy.store.postgres.summaries import _MARKS as _SUMMARY_MARKS
 from proxy.store.postgres.summaries import _row as _summary_row
 from proxy.store.summaries import SummaryStore
+from proxy.store.times import parse_ts
 
 __all__ = ["CopyReport", "copy_data_dir"]
 

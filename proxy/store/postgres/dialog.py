@@ -20,11 +20,11 @@ from datetime import datetime
 from typing import Any, Final
 
 from proxy.store.chains import DigestCacheLike
-from proxy.store.db import format_ts, utc
 from proxy.store.dialog import FileSpan, LineRef, RecordResult, line_of, pending, role_of
 from proxy.store.fs import Entry
 from proxy.store.paths import DIALOG_DIR, check_name, dialog_filename
 from proxy.store.postgres.pool import PgPool
+from proxy.store.times import format_ts, utc
 
 __all__ = ["PgDialog", "session_lock"]
 

@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from proxy.store.db import utc
 from proxy.store.memory import FoldClaim, MemoryVersion, ScopeRow
 from proxy.store.paths import memory_day_parts
 from proxy.store.postgres.pool import PgPool
+from proxy.store.times import utc
 
 __all__ = ["PgMemory"]
 

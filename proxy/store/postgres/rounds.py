@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-from proxy.store.db import utc
 from proxy.store.paths import check_name
 from proxy.store.postgres.pool import PgPool
 from proxy.store.rounds import RoundsRecord, decode_body, encode_body
+from proxy.store.times import utc
 
 __all__ = ["PgRounds"]
 

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from proxy.store.db import SessionRow, check_counters, utc
 from proxy.store.paths import check_name
 from proxy.store.postgres.pool import PgPool
+from proxy.store.sessions import SessionRow, check_counters
+from proxy.store.times import utc
 
 __all__ = ["PgSessions"]
 
