@@ -60,7 +60,8 @@ from harness.inprocess import InProcess
 from proxy.app import create_app
 from proxy.compaction.message import SUMMARY_HEADING
 from proxy.compaction.prompt import SECTIONS
-from proxy.config import CompactionConfig, Config, config_from_mapping
+from proxy.config import Config, config_from_mapping
+from proxy.config.compaction import CompactionConfig
 from proxy.demo.fake.replies import Reply
 from proxy.demo.fake.upstream import FakeUpstream
 from proxy.demo.servers import serve_in_thread

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from proxy.config import DIGEST_PREFIX, MASTER_TENANT, AuthConfig
+from proxy.config.auth import DIGEST_PREFIX, MASTER_TENANT, AuthConfig
 from proxy.errors import AuthRequired, BadRequest
 from proxy.session import ANON, client_key, tenant_of
 

@@ -48,7 +48,8 @@ from proxy.catalog.windows import ContextWindows
 from proxy.compaction.client import CallKind, SummarizerClient
 from proxy.compaction.compactor import Compactor, NullCompactor
 from proxy.compaction.planner import Planner
-from proxy.config import Config, LedgerConfig, PriceConfig
+from proxy.config import Config
+from proxy.config.ledger import LedgerConfig, PriceConfig
 from proxy.heap import Trimmer, limit_arenas
 from proxy.ledger.service import Ledger, NullLedger
 from proxy.memory.service import Memory, NullMemory

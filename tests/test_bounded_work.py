@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import proxy.conversation
 from harness.inprocess import InProcess
 from proxy.app import create_app
-from proxy.config import OffloadConfig, RetrievalConfig
+from proxy.config.offload import OffloadConfig
+from proxy.config.retrieval import RetrievalConfig
 from proxy.demo.fake.upstream import FakeUpstream
 from proxy.filewise import dedupe, rereads
 from proxy.filewise.provenance import provenance
@@ -341,7 +342,7 @@ def _pinned(cache: Any) -> int:
 
 def test_parsed_calls_and_policies_are_bounded_by_what_they_pin() -> None:
     """A Write call's arguments hold a whole file: 65,536 of them was the old bound."""
-    from proxy.config import OffloadConfig
+    from proxy.config.offload import OffloadConfig
     from proxy.filewise.provenance import CallCache
     from proxy.offload.policies import Policies
 

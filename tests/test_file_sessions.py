@@ -20,7 +20,7 @@ import pytest
 from harness.claude_code import claude_binary
 from harness.codex import codex_binary
 from harness.file_sessions import FileSession, run_claude_session, run_codex_session, session_config
-from proxy.config import OffloadConfig
+from proxy.config.offload import OffloadConfig
 from proxy.demo.fake.upstream import FakeUpstream
 from proxy.demo.servers import serve_in_thread
 from proxy.truncation.notice import parse_notice

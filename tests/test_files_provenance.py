@@ -26,7 +26,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.config import ReadTool, config_from_mapping
+from proxy.config import config_from_mapping
+from proxy.config.offload import ReadTool
 from proxy.filewise.calls import WHOLE, FileEdit, FileRead, LineRange
 from proxy.filewise.provenance import Provenance, call_files, provenance, same_file
 from proxy.filewise.shell import shell_reads

@@ -14,7 +14,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.config import OffloadConfig, RetrievalConfig
+from proxy.config.offload import OffloadConfig
+from proxy.config.retrieval import RetrievalConfig
 from proxy.filewise.dedupe import Earlier, expand
 from proxy.filewise.delta import apply_delta, parse_delta
 from proxy.filewise.envelope import split_envelope

@@ -22,7 +22,8 @@ import pytest
 from harness.inprocess import InProcess
 from proxy import cli
 from proxy.auth import Gate
-from proxy.config import config_from_mapping, exposure_problem, key_digest
+from proxy.config import config_from_mapping, exposure_problem
+from proxy.config.auth import key_digest
 from proxy.demo.fake.upstream import FakeUpstream, Reply
 from proxy.errors import AuthRequired
 

@@ -24,7 +24,7 @@ from proxy.compaction.guard import (
 )
 from proxy.compaction.requests import parse_user_block
 from proxy.compaction.summarizer import summarize
-from proxy.config import GuardConfig
+from proxy.config.compaction import GuardConfig
 from proxy.demo.fake.upstream import FakeUpstream, Reply
 
 from .conftest import InProcessFactory

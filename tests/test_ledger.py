@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.catalog.prices import Price, Prices, load_price_map
-from proxy.config import LedgerConfig, OffloadConfig, RetrievalConfig
+from proxy.config.ledger import LedgerConfig
+from proxy.config.offload import OffloadConfig
+from proxy.config.retrieval import RetrievalConfig
 from proxy.history.epoch import without_thinking
 from proxy.ledger.cache import (
     ClientChange,

@@ -16,7 +16,8 @@ import pytest
 from harness.ledger import MemoryLedger
 from proxy.background import Background
 from proxy.catalog.prices import Price, Prices
-from proxy.config import LedgerConfig, OffloadConfig
+from proxy.config.ledger import LedgerConfig
+from proxy.config.offload import OffloadConfig
 from proxy.formats.chat.request import CHAT
 from proxy.ledger.service import Ledger, RequestCalls
 from proxy.metrics import Metrics

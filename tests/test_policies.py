@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.config import Config, ToolPolicy, config_from_mapping
+from proxy.config import Config, config_from_mapping
+from proxy.config.offload import ToolPolicy
 from proxy.errors import ConfigError
 from proxy.offload.policies import Policies, shell_command
 
@@ -88,7 +89,8 @@ def test_matching_is_deterministic_and_cached(name: str, arguments: str) -> None
 # --- what the offload stage does with them ---------------------------------------------------
 
 def _offloader(tmp_path: Any, policies: list[dict[str, Any]]) -> Any:
-    from proxy.config import OffloadConfig, RetrievalConfig
+    from proxy.config.offload import OffloadConfig
+    from proxy.config.retrieval import RetrievalConfig
     from proxy.offload.stage import Offloader
 
     config = OffloadConfig(policies=tuple(ToolPolicy(**p) for p in policies), recent_n=1)

@@ -23,7 +23,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.otlp import KIND_CLIENT, KIND_INTERNAL, STATUS_ERROR, Collected, OtlpCollector
-from proxy.config import Config, TelemetryConfig, config_from_mapping
+from proxy.config import Config, config_from_mapping
+from proxy.config.telemetry import TelemetryConfig
 from proxy.demo.fake.upstream import FakeUpstream, Reply
 from proxy.demo.servers import ServerThread, serve_in_thread
 from proxy.errors import ConfigError

@@ -48,7 +48,7 @@ from proxy.compaction.index import SummaryIndex
 from proxy.compaction.planner import Plan
 from proxy.compaction.prepared import PreparedCompactions
 from proxy.compaction.summarizer import summarize
-from proxy.config import CompactionConfig
+from proxy.config.compaction import CompactionConfig
 from proxy.errors import StoreUnavailable
 from proxy.lru import LRU
 from proxy.model import RequestView

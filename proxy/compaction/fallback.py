@@ -30,7 +30,7 @@ from proxy.compaction.requests import (
     user_requests_block,
 )
 from proxy.compaction.sections import REQUIRED, USER_KEY, Section, close_fences, split_sections
-from proxy.config import GuardConfig
+from proxy.config.compaction import GuardConfig
 from proxy.model import content_text, normalise_newlines, tool_calls
 
 __all__ = ["fallback_body", "fallback_summary"]

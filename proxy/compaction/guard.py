@@ -63,7 +63,7 @@ from typing import Final
 from proxy.compaction.prompt import Message, shorten
 from proxy.compaction.requests import parse_user_block
 from proxy.compaction.sections import close_fences, join_sections, parse_heading, split_sections
-from proxy.config import GuardConfig
+from proxy.config.compaction import GuardConfig
 from proxy.filewise.provenance import call_files
 from proxy.model import content_text, normalise_newlines, tool_calls
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from proxy.catalog.windows import ContextWindows
 from proxy.compaction.message import summary_message
-from proxy.config import CompactionConfig
+from proxy.config.compaction import CompactionConfig
 from proxy.history.native import head as native_head
 from proxy.history.native import in_context, native
 from proxy.history.turns import split, units

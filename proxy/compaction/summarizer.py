@@ -67,7 +67,7 @@ from proxy.compaction.sections import (
     normalize_summary,
     summary_problems,
 )
-from proxy.config import GuardConfig
+from proxy.config.compaction import GuardConfig
 from proxy.errors import SummarizerError
 
 __all__ = [

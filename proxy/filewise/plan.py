@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from proxy.config import OffloadConfig, ToolPolicy
+from proxy.config.offload import OffloadConfig, ToolPolicy
 from proxy.filewise.dedupe import DedupIndex, Earlier
 from proxy.filewise.delta import delta_text, parse_delta
 from proxy.filewise.envelope import split_envelope

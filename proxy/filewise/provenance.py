@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.config import ReadTool
+from proxy.config.offload import ReadTool
 from proxy.filewise.calls import FileEdit, FileRead, LineRange, _Change, _Kind, _ok_path, _Read
 from proxy.filewise.patch import _operation, _patch_changes
 from proxy.filewise.shell import _shell_call

@@ -16,7 +16,8 @@ from typing import Any, Final
 import orjson
 
 from proxy.catalog.prices import Prices
-from proxy.config import LedgerConfig, OffloadConfig
+from proxy.config.ledger import LedgerConfig
+from proxy.config.offload import OffloadConfig
 from proxy.formats import Parsed
 from proxy.formats.messages.request import strip_cache_control
 from proxy.history.turns import LEADING_ROLES

@@ -31,7 +31,8 @@ from typing import Any, Final
 
 from proxy.background import Background
 from proxy.catalog.prices import Prices
-from proxy.config import LedgerConfig, OffloadConfig
+from proxy.config.ledger import LedgerConfig
+from proxy.config.offload import OffloadConfig
 from proxy.formats import Parsed
 from proxy.ledger.record import Previous, Recorder, RequestCalls, Ticket
 from proxy.lru import LRU

@@ -33,7 +33,7 @@ from typing import Final
 from proxy.background import Background
 from proxy.compaction.client import Complete, SummarizerClient
 from proxy.compaction.facts import stamp_facts
-from proxy.config import MemoryConfig
+from proxy.config.memory import MemoryConfig
 from proxy.lru import LRU
 from proxy.memory.fold import cap, clean_fold, fold_prompt
 from proxy.memory.inject import memory_message

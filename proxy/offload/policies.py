@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from proxy.config import ToolPolicy
+from proxy.config.offload import ToolPolicy
 from proxy.filewise.provenance import json_args
 from proxy.filewise.shell import shell_script
 from proxy.history.turns import RESULT_ROLES

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from proxy.config import ReadTool
+from proxy.config.offload import ReadTool
 from proxy.filewise.provenance import Provenance, patch_edits, provenance, same_file
 from proxy.filewise.shell import shell_reads
 from proxy.model import Message

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.config import OffloadConfig, ReadTool, RetrievalConfig, ToolPolicy
+from proxy.config.offload import OffloadConfig, ReadTool, ToolPolicy
+from proxy.config.retrieval import RetrievalConfig
 from proxy.filewise.markers import Pointer
 from proxy.filewise.plan import FileForms, Form
 from proxy.filewise.provenance import first_line, json_args, tool_path

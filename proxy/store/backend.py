@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from proxy.config import StorageConfig
+from proxy.config.storage import StorageConfig
 from proxy.store import fs
 from proxy.store.chains import DigestCache
 from proxy.store.db import Database

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import Send
 
-from proxy.config import TelemetryConfig
+from proxy.config.telemetry import TelemetryConfig
 from proxy.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import Message, Send
 
 from proxy import __version__
-from proxy.config import TelemetryConfig
+from proxy.config.telemetry import TelemetryConfig
 from proxy.telemetry import NULL_SPAN, RequestSpan
 from proxy.telemetry.attributes import (
     end_attributes,

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import aiohttp
 from yarl import URL
 
-from proxy.config import UpstreamConfig
+from proxy.config.upstream import UpstreamConfig
 from proxy.errors import UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("proxy.upstream")

@@ -13,7 +13,7 @@ import socket
 import time
 from datetime import UTC, datetime
 
-from proxy.config import StorageConfig
+from proxy.config.storage import StorageConfig
 from proxy.store.chains import DigestCache
 from proxy.store.fs import Entry, Hidden
 from proxy.store.gc import GcReport
