@@ -43,7 +43,7 @@ class ServerConfig(_Section):
         "memos 5%), each bounded by what its entries pin (the originals they hold). Size it "
         "to the tool outputs of the sessions active at once: below that, resent histories are "
         "re-tokenized. The process's resident memory is about this plus the requests in "
-        "flight (README Limits).",
+        "flight (docs/errors.md#limits).",
     )
     pipeline_budget: int = Field(
         64_000_000,
@@ -305,7 +305,7 @@ class GuardConfig(_Section):
         description="Pin, in every summary, ledgers the proxy computes itself and carries "
         "byte-exact from compaction to compaction: the session's goal (its first request and "
         "restatements), the user's constraints and preferences (verbatim), and the files the "
-        "tool calls changed (README, Compaction).",
+        "tool calls changed (docs/compaction.md#guard).",
     )
     goal_bytes: int = Field(
         1200, ge=400, description="Cap (UTF-8 bytes) on the pinned goal: the first request "
