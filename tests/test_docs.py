@@ -5,8 +5,9 @@
   of its floors, and no module may import from a floor above its own: the page cannot go stale
   without this test saying where.
 * Every source path a page gives in code type exists.
-* Every ``docs/PAGE.md#anchor`` the code, the README and the changelog cite is a page and a
-  heading of it (the code's docstrings point into the docs for what the project promises).
+* Every ``docs/PAGE.md#anchor`` the code, the README, the changelog and config.example.yaml
+  cite is a page and a heading of it (the code's docstrings point into the docs for what the
+  project promises).
 * No docstring or comment cites the old spec by section number any more.
 * ``docs/configuration.md`` holds the reference :mod:`harness.config_reference` renders from
   :class:`proxy.config.Config` now, so it lists every field.
@@ -301,7 +302,8 @@ def prose_of(path: Path) -> str:
 
 
 def cited() -> Iterator[tuple[str, str, str | None]]:
-    sources = [*ROOT.glob("README.md"), *ROOT.glob("CHANGELOG.md"), ROOT / "bench" / "README.md"]
+    sources = [*ROOT.glob("README.md"), *ROOT.glob("CHANGELOG.md"), ROOT / "bench" / "README.md",
+               ROOT / "config.example.yaml"]
     for folder in ("proxy", "harness", "tests", "bench"):
         sources += [p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts]
     for source in sources:
