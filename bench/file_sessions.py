@@ -21,14 +21,15 @@ Sessions:
 - ``chat``, ``responses``, ``messages``: bench/ledger.py's scripted coding-agent session
   (``--steps`` tool calls, ``--window``), its prices.
 
-Per session it prints, from the proxy's own ledger (every billed call with the usage the
-caching fake reported; summarizer calls included): tokens the client sent and tokens
-forwarded (ctxproxy's o200k count), the billed prompt split into cache reads, cache writes and
-uncached input, output, the cost through ctxproxy and the ledger's counterfactual (the client's
-own requests sent directly under the same caching rules; the formula is README "What it costs
-you"), cache breaks by reason, compactions, summarizer calls, what ctxproxy changed (the
-ledger's change kinds) and, for the CLI sessions, edits landed / refused and forced re-reads
-(an edit whose line the model was no longer shown, so it read the file again first).
+Per session it prints, from the proxy's own ledger (every billed call with the usage the caching
+fake reported; summarizer calls included): tokens the client sent and tokens forwarded
+(ctxproxy's o200k count), the billed prompt split into cache reads, cache writes and uncached
+input, output, the cost through ctxproxy and the ledger's counterfactual (the client's own
+requests sent directly under the same caching rules; the formula is
+docs/ledger.md#the-counterfactual), cache breaks by reason, compactions, summarizer calls, what
+ctxproxy changed (the ledger's change kinds) and, for the CLI sessions, edits landed / refused
+and forced re-reads (an edit whose line the model was no longer shown, so it read the file again
+first).
 
 Then bench/fidelity.py's replay (guard on, both summarizer modes, three formats) off vs on:
 the share of ``Edit`` quotes byte-exact in the request the edit answers, and the canaries

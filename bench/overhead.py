@@ -11,15 +11,16 @@ instead of chat completions, ``--api responses`` small OpenAI Responses requests
 ``msgstream`` rows), ``--api all`` the three; the bare aiohttp pass-through serves the OpenAI
 formats only.
 
-``--tools`` makes every request declare a tool of the client's own (as agents do): the proxy then
-offers its read tool and answers through its read loop (README "Retrieval"), though the model
-never calls it. ``--baseline DIR`` adds a ``base`` mode: a second proxy run from the source tree
-``DIR`` (e.g. a worktree of an earlier commit), measured interleaved with the rest, so a change's
-before and after share one run. ``--ledger-off`` adds a ``noledg`` mode: a second proxy from
-this tree with the cost ledger off (``ledger: {enabled: false}``), so the ledger's own cost is
-the ``proxy`` vs ``noledg`` ratio of one run. ``--otel`` adds an ``otel`` mode: a second proxy from this tree
-with telemetry on (README "OpenTelemetry"), exporting every request's spans to a local OTLP sink
-(``python -m harness.otlp``), so the cost of telemetry on vs off shares one run.
+``--tools`` makes every request declare a tool of the client's own (as agents do): the proxy
+then offers its read tool and answers through its read loop (docs/retrieval.md), though the
+model never calls it. ``--baseline DIR`` adds a ``base`` mode: a second proxy run from the
+source tree ``DIR`` (e.g. a worktree of an earlier commit), measured interleaved with the rest,
+so a change's before and after share one run. ``--ledger-off`` adds a ``noledg`` mode: a second
+proxy from this tree with the cost ledger off (``ledger: {enabled: false}``), so the ledger's
+own cost is the ``proxy`` vs ``noledg`` ratio of one run. ``--otel`` adds an ``otel`` mode: a
+second proxy from this tree with telemetry on (docs/observability.md#opentelemetry), exporting
+every request's spans to a local OTLP sink (``python -m harness.otlp``), so the cost of
+telemetry on vs off shares one run.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def find_haproxy() -> str | None:
 
 
 def haproxy_config(port: int, backends: Sequence[tuple[str, int]]) -> str:
-    """The balancer the tests use (README, "Scaling out")."""
+    """The balancer the tests use (docs/scaling.md#the-balancer-the-tests-use)."""
     servers = "\n".join(
         f"    server r{i} {host}:{p} check inter 200ms fall 1 rise 1"
         for i, (host, p) in enumerate(backends)

@@ -1,4 +1,4 @@
-"""The dialog archive service (SPEC section 6): what the client sent, before it is forwarded,
+"""The dialog archive service (docs/archive.md): what the client sent, before it is forwarded,
 and the answer, after it was relayed; plus the per-session counters.
 
 Agents resend their whole history every turn, so almost every message a request carries was

@@ -1,4 +1,4 @@
-"""Who is calling, and as which tenant (SPEC sections 3 and 12).
+"""Who is calling, and as which tenant (docs/sessions.md#tenant, docs/security.md#who-may-call).
 
 The key comes from ``Authorization: Bearer KEY``, ``Authorization: Basic base64(user:KEY)``
 (what a browser sends after its login prompt to ``/files``), ``x-api-key`` or ``api-key``.

@@ -205,7 +205,7 @@ def cache_split(cache_bytes: int) -> dict[str, int]:
     counts, cuts, message digests, the read rounds put back, and the file-aware rules'
     memos (calls parsed, decisions per epoch, policies matched, quote protection's working
     sets). Each is bounded by what its entries pin; together they take ``cache_bytes``: the
-    README's memory bound (Limits) is this sum."""
+    memory bound in docs/errors.md#bounded-memory is this sum."""
     return {"tokens": cache_bytes * 7 // 20, "cuts": cache_bytes * 7 // 20,
             "digests": cache_bytes // 5, "rounds": cache_bytes // 20,
             "memos": cache_bytes // 20}

@@ -1,4 +1,4 @@
-"""Tenant and session resolution (SPEC section 3)."""
+"""Tenant and session resolution (docs/sessions.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 ANON = "anon"
-# The tenant-wide memory scope (SPEC section 10), when the client names none.
+# The tenant-wide memory scope (docs/memory.md#scope), when the client names none.
 DEFAULT_MEMORY_SCOPE = "default"
 MEMORY_SCOPE_HEADER = "x-ctxproxy-memory-scope"
 # A session may not be called like the tenant's memory directory (proxy.store.paths.MEMORY_DIR):

@@ -1,4 +1,6 @@
-"""What a request may write for its tenant, and when (SPEC section 12).
+"""What a request may write for its tenant, and when.
+
+See docs/security.md#open-proxies-the-provider-judges-the-key and docs/security.md#bounded-disk.
 
 Every write a request causes -- archive lines, offloaded originals, a summary, the answer -- goes
 through the request's :class:`Writes`, in one of three modes:

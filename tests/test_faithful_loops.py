@@ -1,4 +1,5 @@
-"""The read loops pass what they need not change byte for byte, both ways (README "Retrieval").
+"""The read loops pass what they need not change byte for byte, both ways
+(docs/retrieval.md#byte-for-byte-both-ways).
 
 A client that declares tools of its own gets the read tool offered from its first request, so
 nearly every agent request goes through a loop. With the tool offered but not called, the

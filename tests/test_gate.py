@@ -1,4 +1,4 @@
-"""The gate (SPEC 12): inbound keys, the secure default, a provider-judged key that leaves
+"""The gate (docs/security.md): inbound keys, the secure default, a provider-judged key that leaves
 nothing on disk when rejected, the per-tenant quota and the archive's retention. The proxy runs
 in process, but where the wire matters (a refusal before the body arrives, a client that leaves)."""
 

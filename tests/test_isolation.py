@@ -8,9 +8,9 @@ session), ``/files/<t>/<s>/dialog/<YYYY-MM-DD>.jsonl``, ``.../tool_result/<id>.t
 JSON or HTML), ``HEAD``, with a trailing slash and with ``?login=1``.
 
 Another tenant's existing path answers 404, byte for byte the answer for a path that does not
-exist (404, not 403: existence is not revealed, SPEC section 3 and README ``/files``). Every test
-also reads the caller's *own* path the same way, so a route that answered 404 to everything
-could not pass.
+exist (404, not 403: existence is not revealed; docs/sessions.md,
+docs/dashboard.md#isolation-tested-route-by-route). Every test also reads the caller's *own*
+path the same way, so a route that answered 404 to everything could not pass.
 
 (tests/test_files_web.py has the traversal corpus against planted symlinks and the basic tenant
 and master-key checks; this file aims every route and traversal form at another tenant's real

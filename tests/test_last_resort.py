@@ -1,7 +1,8 @@
-"""The last resort (SPEC 5): when even the turns compaction keeps are over the threshold, every
-tool result is cut harder, all of them, so that while this lasts the forwarded prefix is the
-same from one turn to the next (re-cutting "only as many as needed", oldest first, moved the
-cut point every turn and discarded the provider's prompt cache each time)."""
+"""The last resort (docs/compaction.md#last-resort): when even the turns compaction keeps are
+over the threshold, every tool result is cut harder, all of them, so that while this lasts the
+forwarded prefix is the same from one turn to the next (re-cutting "only as many as needed",
+oldest first, moved the cut point every turn and discarded the provider's prompt cache each
+time)."""
 
 from __future__ import annotations
 

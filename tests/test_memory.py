@@ -1,4 +1,4 @@
-"""Long-term memory (SPEC section 10): facts recorded in the compaction's own summarizer call,
+"""Long-term memory (docs/memory.md): facts recorded in the compaction's own summarizer call,
 the daily fold, the pinned injection, isolation, bad cases, quota and retention.
 
 The scenario tests run the real server in front of the fake upstream, which plays the model,

@@ -1,4 +1,4 @@
-"""Provider-native context management (README, "Provider-native context management"): compaction
+"""Provider-native context management (docs/native.md): compaction
 items and blocks are never compacted, edited or counted past; a request in which the provider
 compacts gets no summary from ctxproxy; provider-side tool-result clearing stands stage 2 down;
 everything else passes byte for byte. Shapes are the ones Codex 0.171.0 sends (recorded in

@@ -1,4 +1,4 @@
-"""The offload stage: two-stage truncation with lossless, deterministic files (SPEC 4)."""
+"""The offload stage: two-stage truncation with lossless, deterministic files (docs/offload.md)."""
 
 from __future__ import annotations
 

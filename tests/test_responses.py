@@ -1,7 +1,7 @@
-"""``POST /v1/responses`` through the same pipeline as chat completions (SPEC 11): untouched items
-byte for byte, tool outputs offloaded and aged, compaction with a developer summary item,
-Responses pairing rules, the read tool withheld from the client, the archive, sub-paths and
-continued responses passed through."""
+"""``POST /v1/responses`` through the same pipeline as chat completions
+(docs/formats.md#openai-responses): untouched items byte for byte, tool outputs offloaded and
+aged, compaction with a developer summary item, Responses pairing rules, the read tool withheld
+from the client, the archive, sub-paths and continued responses passed through."""
 
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ key. The traffic: offload, the read-tool loop, compaction, streaming, upstream e
 key, a litellm route (success and an echoed error), raw pass-through, bad requests, and a crawl of
 ``/files`` with every key and credential form.
 
-Upstream error bodies are the provider's and pass through byte for byte (SPEC section 2), so a
-client can get *its own* key back when the provider echoes it. The exception is a key the
-client never had: the proxy's ``upstream.api_key`` (and a route's key, which litellm's errors
-carry) is replaced by ``[redacted]`` in what the client gets. Whatever passes through, the proxy
-neither logs nor stores it.
+Upstream error bodies are the provider's and pass through byte for byte
+(docs/errors.md#error-envelopes), so a client can get *its own* key back when the provider
+echoes it. The exception is a key the client never had: the proxy's ``upstream.api_key`` (and a
+route's key, which litellm's errors carry) is replaced by ``[redacted]`` in what the client gets.
+Whatever passes through, the proxy neither logs nor stores it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for proxy.tokens.counter and proxy.catalog.data (SPEC section 5, "Counting")."""
+"""Tests for proxy.tokens.counter and proxy.catalog.data (docs/tokens.md#counting)."""
 
 from __future__ import annotations
 

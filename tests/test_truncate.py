@@ -1,4 +1,4 @@
-"""Pure truncation: cut, notice, read-on, stage-2 recut (SPEC section 4)."""
+"""Pure truncation: cut, notice, read-on, stage-2 recut (docs/offload.md#cutting)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for proxy.compaction.windows.ContextWindows (SPEC section 5, "Budget")."""
+"""Tests for proxy.compaction.windows.ContextWindows (docs/compaction.md#budget)."""
 
 from __future__ import annotations
 

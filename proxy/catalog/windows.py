@@ -1,4 +1,4 @@
-"""Context window (and max output) per model (SPEC section 5, "Budget").
+"""Context window (and max output) per model (docs/compaction.md#budget).
 
 Sources, in priority order:
 

@@ -1,1 +1,1 @@
-"""Compaction: old turns replaced by a summary near the context limit (SPEC section 5)."""
+"""Compaction: old turns replaced by a summary near the context limit (docs/compaction.md)."""

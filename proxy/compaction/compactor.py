@@ -1,4 +1,4 @@
-"""The compaction orchestrator (SPEC section 5): everything of compaction that is not pure.
+"""The compaction orchestrator (docs/compaction.md): everything of compaction that is not pure.
 
 The planner (:mod:`.planner`) decides; this service finds the summary in use, obtains a new
 one when the planner needs it, and keeps it:

@@ -1,5 +1,6 @@
 """Durable facts: the extra section a compaction's summarizer call writes when long-term memory
-is on (SPEC section 10), so memory costs no model call of its own at compaction time.
+is on, so memory costs no model call of its own at compaction time
+(docs/memory.md#writing-with-no-extra-model-call).
 
 With ``facts`` the summarizer's instructions (:data:`FACTS_INSTRUCTIONS`) ask for one more
 section after ``## Critical Context``::

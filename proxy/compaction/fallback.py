@@ -1,4 +1,4 @@
-"""The deterministic summary used when the summarizer model fails (SPEC section 5, "Summary").
+"""The deterministic summary used when the summarizer model fails (docs/compaction.md#fallback).
 
 Fallback (:func:`fallback_summary`), used when the model fails: deterministic and model-free.
 Every required section keeps the previous summary's content (a bare placeholder like "None" is

@@ -1,4 +1,4 @@
-"""The summary message inserted into the forwarded request (SPEC section 5, "Insertion"), and
+"""The summary message inserted into the forwarded request (docs/compaction.md#insertion), and
 finding a summary a client sent back in its history.
 
 Format in :func:`summary_message`.

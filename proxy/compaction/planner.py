@@ -1,4 +1,4 @@
-"""The compaction planner (SPEC section 5): pure, no I/O.
+"""The compaction planner (docs/compaction.md#budget, docs/compaction.md#split): pure, no I/O.
 
 Given the history as offloaded for the compaction in use (``summary``, the newest cached summary
 whose replaced messages open this history; looked up by the caller), the budget and the token

@@ -1,4 +1,4 @@
-"""Compactions prepared in the background (pre-compaction, SPEC section 5).
+"""Compactions prepared in the background (docs/compaction.md#pre-compaction).
 
 Past `precompact_ratio` the planner asks for the summary the threshold request will need; its
 summarizer call runs as a task held here, in memory, until a request uses it (or it is pushed

@@ -1,4 +1,4 @@
-"""The summarizer's prompt (SPEC section 5, "Summary"): pure text rendering, no I/O.
+"""The summarizer's prompt (docs/compaction.md#summary): pure text rendering, no I/O.
 
 :func:`build_prompt` gives the messages of one summarizer call: a system message with the
 instructions and a user message holding the previous summary (always whole) and a transcript of

@@ -1,4 +1,4 @@
-"""The verbatim user-requests block a summary ends with (SPEC section 5, "Summary").
+"""The verbatim user-requests block a summary ends with (docs/compaction.md#summary).
 
 The proxy writes it itself from the user's messages (never the model), so no stated constraint
 can be lost to a paraphrase.

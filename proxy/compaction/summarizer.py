@@ -1,4 +1,6 @@
-"""The compactor's summarizer (SPEC section 5, "Summary", "Insertion", "Cache").
+"""The compactor's summarizer.
+
+See docs/compaction.md#summary, docs/compaction.md#insertion and docs/compaction.md#cache.
 
 Everything but the network call, which is injected as ``complete(prompt) -> answer``.
 :func:`summarize` asks the model for a summary of the evicted turns merged with the previous

@@ -20,7 +20,7 @@ class GuardConfig(_Section):
         description="Pin, in every summary, ledgers the proxy computes itself and carries "
         "byte-exact from compaction to compaction: the session's goal (its first request and "
         "restatements), the user's constraints and preferences (verbatim), and the files the "
-        "tool calls changed (README, Compaction).",
+        "tool calls changed (docs/compaction.md#guard).",
     )
     goal_bytes: int = Field(
         1200, ge=400, description="Cap (UTF-8 bytes) on the pinned goal: the first request "

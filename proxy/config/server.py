@@ -35,7 +35,7 @@ class ServerConfig(_Section):
         "memos 5%), each bounded by what its entries pin (the originals they hold). Size it "
         "to the tool outputs of the sessions active at once: below that, resent histories are "
         "re-tokenized. The process's resident memory is about this plus the requests in "
-        "flight (README Limits).",
+        "flight (docs/errors.md#limits).",
     )
     pipeline_budget: int = Field(
         64_000_000,

@@ -1,5 +1,5 @@
 """File-aware forms of tool results: which results a request forwards as a superseded/stale
-marker, a re-read delta or a reference to a duplicate (README "File-aware slimming").
+marker, a re-read delta or a reference to a duplicate (docs/file-aware.md).
 
 The rules are :mod:`.rereads` and :mod:`.dedupe` (pure); this module decides, for one history
 in one epoch, which of them applies to which result, in history order, in the order of

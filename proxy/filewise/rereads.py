@@ -3,7 +3,7 @@
 Coding agents read the same files again and again; the earlier copies stay in the context,
 dead. Two rules, both from :class:`.files.Provenance` (one parse of the history):
 
-* **At an epoch** (a compaction, README "Epochs"), :func:`superseded` picks the reads in
+* **At an epoch** (a compaction, docs/epochs.md), :func:`superseded` picks the reads in
   ``history[:seen]`` to forward as a one-line :func:`marker`: a read shown again later (the
   same file, a range that covers it) or of a file changed since (written, edited, deleted,
   moved). The newest read of each file and any read a later edit quotes stay verbatim.

@@ -1,6 +1,6 @@
 """Provider-native context management, read from the request: pure, no I/O.
 
-Providers compact and clear context themselves (README, "Provider-native context management");
+Providers compact and clear context themselves (docs/native.md);
 ctxproxy's own stages must not fight them:
 
 * a **compaction item** (a Responses ``compaction`` input item, an Anthropic ``compaction``

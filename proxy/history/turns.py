@@ -1,4 +1,4 @@
-"""Turn grouping and the compaction split (SPEC section 5, "Split"): pure, no I/O.
+"""Turn grouping and the compaction split (docs/compaction.md#split): pure, no I/O.
 
 Token counts come from the caller (``count``); this module never counts itself.
 

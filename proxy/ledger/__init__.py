@@ -1,5 +1,5 @@
 """The cost ledger: what every call cost, from the provider's own usage, and what it would have
-cost without ctxproxy (README "Honest cost").
+cost without ctxproxy (docs/ledger.md).
 
     usage.py     the provider's ``usage`` in any wire format -> :class:`Usage` (pure)
     prices.py    USD per token per model: config, then litellm's bundled map (data)

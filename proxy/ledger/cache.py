@@ -1,8 +1,9 @@
 """Prompt caching, as the ledger reasons about it (pure): the counterfactual's cached prefix and
 why a call's cached share fell.
 
-**The counterfactual** (README "Honest cost"): what the client would have paid sending its own
-history directly, under the provider's caching rules. For client request ``i`` of a session:
+**The counterfactual** (docs/ledger.md#the-counterfactual): what the client would have paid
+sending its own history directly, under the provider's caching rules. For client request ``i``
+of a session:
 
     T_i  = the tokens the client sent, in the provider's tokens (below)
     P_i  = the tokens of the longest prefix request ``i`` shares with request ``i-1`` (whole

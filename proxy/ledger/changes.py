@@ -55,7 +55,7 @@ from proxy.truncation.notice import split_notice, utf8_len
 __all__ = ["OWN_FORMS", "describe"]
 
 #: The kinds whose forwarded text the proxy wrote in place of the content it stands for (the
-#: file-aware forms, README "File-aware slimming").
+#: docs/file-aware.md).
 OWN_FORMS: Final = frozenset({"superseded", "stale", "unchanged", "delta", "duplicate"})
 
 # A 1 KB last-resort cut leaves at most this many bytes of excerpt (the budget itself).
@@ -126,7 +126,7 @@ def _cut(
 
 
 def _file_form(before: str, after: str) -> tuple[str, str] | None:
-    """A file-aware form (README "File-aware slimming") of ``before``: its kind and reason."""
+    """A file-aware form (docs/file-aware.md) of ``before``: its kind and reason."""
     mark = parse_marker(after)
     if mark is not None:
         s = mark[0]

@@ -1,5 +1,5 @@
-"""The fold (SPEC section 10): one summarizer call merges a scope's new daily notes into its
-MEMORY.md. Pure: the prompt, and what of the answer is kept.
+"""The fold: one summarizer call merges a scope's new daily notes into its MEMORY.md
+(docs/memory.md#folding-at-most-daily). Pure: the prompt, and what of the answer is kept.
 
 The model gets the current MEMORY.md (whole) and the notes of the days since the last fold
 (newest days kept when they exceed the input bound) and writes the new file: duplicates merged,

@@ -1,4 +1,4 @@
-"""The long-term memory service (SPEC section 10): what a request carries, when a scope folds,
+"""The long-term memory service (docs/memory.md): what a request carries, when a scope folds,
 and where a compaction's durable facts go.
 
     compaction   -> record()      facts of the same summarizer call, dated, appended to the

@@ -1,4 +1,6 @@
-"""Which tool results have aged (SPEC 4, stage 2), as a pure function of the history.
+"""Which tool results have aged, as a pure function of the history.
+
+Stage 2 of the offload (docs/offload.md#stage-2-on-ageing).
 
 A *tool-call turn* is an assistant message with `tool_calls` (or a legacy `function_call`) plus
 the results answering it; parallel results belong to their turn and age together. The newest

@@ -3,9 +3,9 @@
 Coding agents edit by quoting: Claude Code's ``Edit``/``MultiEdit`` (``old_string``), Codex's
 ``apply_patch`` (context and ``-`` lines), chat agents' ``str_replace``/``edit_file``
 (``old_str``). A read aged to ``old_max_bytes`` no longer holds the lines to quote byte for
-byte, and the edit fails. The rule (README "Offload"), decided on the history as it was when
-the ageing was decided (``seen`` messages: the compaction's request, :func:`.ageing.aged_at`),
-so it holds for the whole epoch:
+byte, and the edit fails. The rule (docs/offload.md#quote-protection), decided on the history as
+it was when the ageing was decided (``seen`` messages: the compaction's request,
+:func:`.ageing.aged_at`), so it holds for the whole epoch:
 
 * a *hot* path is one the agent has edited (any edit call on it so far) or read in the newest
   ``recent_turns`` tool-call turns;

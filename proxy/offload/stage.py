@@ -1,4 +1,4 @@
-"""The offload stage: two-stage truncation of tool results (SPEC section 4). Pure.
+"""The offload stage: two-stage truncation of tool results (docs/offload.md). Pure.
 
 Stage 1 cuts a tool result over `recent_max_bytes + slack_bytes`, whose original is kept under
 `tool_result/<id>.txt`; stage 2 cuts results of aged tool-call turns (see `ageing`) down to
@@ -179,7 +179,7 @@ class Offloader:
         return entry
 
     def _target(self, identity: Identity, rid: str) -> dict[str, Any]:
-        """Where a notice sends the model, by retrieval mode (SPEC 7)."""
+        """Where a notice sends the model, by retrieval mode (docs/retrieval.md)."""
         mode = self.retrieval.mode
         if mode == "client":
             spec = self.retrieval.client_tool
@@ -422,7 +422,7 @@ class Offloader:
             m = messages[i]
             policy = policies.get(i)
             if i in forms or (policy is not None and policy.protect):
-                continue  # a file-aware form; or never cut (README "Per-tool policies")
+                continue  # a file-aware form; or never cut (docs/offload.md#per-tool-policies)
             aged = is_aged(i)
             read = reads.get(m.get("tool_call_id", ""))
             budget = self._budget(not aged, read.markdown if read else False, policy)

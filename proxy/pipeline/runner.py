@@ -1,5 +1,5 @@
-"""The pre-reasoning pipeline for one request (SPEC sections 4-5): pure stages, effects carried
-out through the services.
+"""The pre-reasoning pipeline for one request: pure stages, effects carried out through the
+services (docs/architecture.md#how-a-request-flows).
 
     summary in use   <- compactor.state()                     (store, cached per session)
     offload          <- Offloader.run(history, ageing of that summary, quote protection

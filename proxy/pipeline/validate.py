@@ -1,4 +1,4 @@
-"""Tool-call pairing validator and repair (SPEC section 5, the validator before forwarding): pure.
+"""Tool-call pairing validator and repair (docs/compaction.md#validation): pure.
 
 The provider rejects a request whose tool messages are not paired with the calls that caused
 them ("An assistant message with 'tool_calls' must be followed by tool messages responding to

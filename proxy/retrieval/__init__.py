@@ -1,1 +1,4 @@
-"""Reading offloaded content: the proxy's own read tool and the loop that runs it (SPEC 7)."""
+"""Reading offloaded content: the proxy's own read tool and the loop that runs it.
+
+See docs/retrieval.md.
+"""

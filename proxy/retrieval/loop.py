@@ -1,4 +1,6 @@
-"""The read-tool loop: run the model's `read_offloaded` calls and ask again (SPEC 7).
+"""The read-tool loop: run the model's `read_offloaded` calls and ask again.
+
+See docs/retrieval.md#the-read-tool and docs/retrieval.md#what-the-client-sees.
 
 The client only ever sees the final answer. Non-streaming: the last round's completion with
 usage summed over rounds. Streaming: text deltas pass as they arrive, deltas of the proxy's own

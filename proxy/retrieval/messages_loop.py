@@ -1,5 +1,6 @@
-"""The read-tool loop for the Anthropic Messages API (SPEC 7 and 11): the proxy's own
-``tool_use`` blocks are run by the proxy and never reach the client.
+"""The read-tool loop for the Anthropic Messages API: the proxy's own ``tool_use`` blocks are
+run by the proxy and never reach the client (docs/retrieval.md,
+docs/formats.md#the-read-tool-in-messages).
 
 A round whose answer calls only the proxy's tool is internal: its calls are answered with
 ``tool_result`` blocks and the model is asked again, the round's assistant message (thinking

@@ -1,4 +1,5 @@
-"""Putting the proxy's own read rounds back where the model saw them (README "Retrieval").
+"""Putting the proxy's own read rounds back where the model saw them
+(docs/retrieval.md#internal-rounds-are-replayed).
 
 The client never sees the proxy's ``read_offloaded`` rounds, so its next history holds the
 answer without them. Forwarded that way, the history is not the model's: a signed thinking

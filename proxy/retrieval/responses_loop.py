@@ -1,5 +1,6 @@
-"""The read-tool loop for the Responses API (SPEC 7 and 11): the proxy's own ``function_call``
-items are run by the proxy and never reach the client.
+"""The read-tool loop for the Responses API: the proxy's own ``function_call`` items are run by
+the proxy and never reach the client (docs/retrieval.md,
+docs/formats.md#the-read-tool-in-responses).
 
 A round whose output calls only the proxy's tool is internal: its calls are answered with
 ``function_call_output`` items and the model is asked again, the round's output items (reasoning

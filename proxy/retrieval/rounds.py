@@ -1,4 +1,5 @@
-"""The proxy's read rounds, kept per answer and put back on later turns (README "Retrieval").
+"""The proxy's read rounds, kept per answer and put back on later turns
+(docs/retrieval.md#internal-rounds-are-replayed).
 
 :meth:`Replays.record` keeps what a read loop did (:class:`proxy.retrieval.loop.Rounds`) under
 the answer as the client got it (:func:`proxy.pipeline.replay.key`, :mod:`proxy.store.rounds`),

@@ -1,4 +1,4 @@
-"""The one embedded SQLite database under ``data_dir`` (SPEC section 3, "Shared state").
+"""The one embedded SQLite database under ``data_dir`` (docs/sessions.md#the-index-database).
 
 It holds the dialog message index, the per-file line counters of the archive, the summary cache,
 per-session counters, long-term memory's index, the proxy's replayed read rounds and the cost

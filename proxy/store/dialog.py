@@ -1,4 +1,4 @@
-"""Dialog archive: every message a session ever saw, once, as JSONL (SPEC section 6).
+"""Dialog archive: every message a session ever saw, once, as JSONL (docs/archive.md).
 
 Chain hashes are defined in :mod:`proxy.store.chains`.
 

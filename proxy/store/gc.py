@@ -1,5 +1,6 @@
 """Bounded disk: expiry of offloaded files and of the dialog archive, and the usage the quota
-reads (SPEC section 12). Run by the server at start-up and hourly, and by ``ctxproxy gc``.
+reads (docs/security.md#bounded-disk). Run by the server at start-up and hourly, and by
+``ctxproxy gc``.
 
 * Offloaded originals older than ``storage.tool_result_ttl_days`` are deleted
   (:meth:`ToolResultStore.gc`); the archive still holds every one of them.

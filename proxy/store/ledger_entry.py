@@ -46,8 +46,9 @@ __all__ = [
 SCHEMA: Final = 1
 Kind = Literal["request", "read_round", "summarizer", "memory_fold"]
 KINDS: Final[tuple[str, ...]] = ("request", "read_round", "summarizer", "memory_fold")
-# Why a request's cached share fell (README "Honest cost"): the proxy's compaction started an
-# epoch, the client changed its own history, the cache's TTL lapsed, or none of these.
+# Why a request's cached share fell (docs/ledger.md#why-a-cache-broke): the proxy's compaction
+# started an epoch, the client changed its own history, the cache's TTL lapsed, or none of
+# these.
 CACHE_REASONS: Final[tuple[str, ...]] = ("compaction", "client", "ttl", "unknown")
 
 

@@ -1,4 +1,4 @@
-"""Long-term memory of a scope (SPEC section 10), files plus the shared SQLite database.
+"""Long-term memory of a scope (docs/memory.md#scope), files plus the shared SQLite database.
 
 A scope (a tenant, or a narrower name its client gives) keeps:
 

@@ -1,4 +1,4 @@
-"""On-disk layout under ``data_dir`` (SPEC section 3) and the helpers that keep it safe.
+"""On-disk layout under ``data_dir`` (docs/sessions.md#on-disk) and the helpers that keep it safe.
 
 Layout::
 

@@ -1,5 +1,5 @@
-"""The proxy's own read rounds of an answer, kept to be put back on later turns (README
-"Retrieval").
+"""The proxy's own read rounds of an answer, kept to be put back on later turns
+(docs/retrieval.md#internal-rounds-are-replayed).
 
 When the model calls the proxy's read tool, the proxy runs it and asks again; the client only
 sees the final answer. Its next request holds that answer but not the rounds before it, so what

@@ -1,4 +1,6 @@
-"""Summary cache records (SPEC section 5, "Cache" and "Client-side edits").
+"""Summary cache records.
+
+See docs/compaction.md#cache and docs/compaction.md#client-side-edits.
 
 Clients resend the whole history every turn, so a compaction is remembered under the chain hash
 (:func:`proxy.store.dialog.chain_hashes`, computed over the messages *as the client sent them*)

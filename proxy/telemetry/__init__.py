@@ -1,4 +1,5 @@
-"""OpenTelemetry spans per conversation request, exported over OTLP/HTTP (README "OpenTelemetry").
+"""OpenTelemetry spans per conversation request, exported over OTLP/HTTP
+(docs/observability.md#opentelemetry).
 
     telemetry = open_telemetry(config.telemetry)     # the lifespan; Services.telemetry
     span = telemetry.request(api, model, identity, stream=..., headers=..., base_url=...)

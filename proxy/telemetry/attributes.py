@@ -5,7 +5,7 @@ The names follow the OpenTelemetry GenAI semantic conventions for a client infer
 mid-rename both names are sent: ``gen_ai.provider.name`` and the older ``gen_ai.system``, and
 ``gen_ai.usage.cache_creation.input_tokens`` and the newer ``cache_write``); what only ctxproxy
 knows is under ``ctxproxy.*``. Nothing here ever carries message content or keys: counts, names
-and the session and tenant ids (README "OpenTelemetry").
+and the session and tenant ids (docs/observability.md#the-span).
 """
 
 from __future__ import annotations

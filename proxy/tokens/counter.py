@@ -1,4 +1,4 @@
-"""Token counting for chat-completions requests (SPEC section 5, "Counting").
+"""Token counting for chat-completions requests (docs/tokens.md#counting).
 
 The proxy decides when to compact from these counts, so they have to be close to what the
 provider will see, cheap on long histories, and available offline:

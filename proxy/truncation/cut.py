@@ -1,4 +1,6 @@
-"""Pure truncation of tool output: string in, string out (SPEC section 4, "Cutting" and "Notice").
+"""Pure truncation of tool output: string in, string out.
+
+See docs/offload.md#cutting and docs/offload.md#the-notice.
 
 Positions. A position in a text is ``(line, byte)``: ``line`` is 1-based, ``byte`` is the UTF-8
 byte offset within that line (0 = the line's start). Line ``L`` exists for

@@ -1,1 +1,1 @@
-"""The people-facing ``/files`` pages and their JSON twins (SPEC section 8)."""
+"""The people-facing ``/files`` pages and their JSON twins (docs/dashboard.md)."""

@@ -1,5 +1,5 @@
 """``GET /files...``: the dashboard: sessions, their cost, summaries, dialogs, offloaded files
-and what ctxproxy did to each request (SPEC section 8).
+and what ctxproxy did to each request (docs/dashboard.md#pages).
 
 Every view builds one JSON-able payload; JSON clients get it as is and browsers get it rendered
 by :mod:`proxy.web.render`'s templates, so both always show the same data.

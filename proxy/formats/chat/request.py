@@ -1,16 +1,16 @@
 """Chat completions (``POST /v1/chat/completions``): the pipeline's own message model, so reading
 is checking and writing is splicing the changed messages into the client's bytes.
 
-Checked at the edge (:func:`parse`; the rules in :mod:`proxy.formats.body` and the README's
-Errors section): what the pipeline dispatches, pairs and cuts on must have the type OpenAI
-documents (https://platform.openai.com/docs/api-reference/chat/create): ``messages`` an
-array of objects, each ``role`` a string, ``content`` a string, null or an array of content
+Checked at the edge (:func:`parse`; the rules in :mod:`proxy.formats.body` and
+docs/errors.md#malformed-bodies): what the pipeline dispatches, pairs and cuts on must have the
+type OpenAI documents (https://platform.openai.com/docs/api-reference/chat/create): ``messages``
+an array of objects, each ``role`` a string, ``content`` a string, null or an array of content
 part objects whose ``type`` is a string; ``tool_calls`` an array of objects, each ``id`` a
 string, its ``type`` a string, its ``function`` (or ``custom``) an object with string ``name``
 and ``arguments`` (``input``); ``tool_call_id`` and ``name`` strings; the legacy
-``function_call`` an object like ``function``; ``tools`` an array of objects whose ``type`` is
-a string and whose ``function`` (``custom``) is an object with a string ``name``. Null stands
-for absent everywhere; unknown fields, roles and part types are not checked.
+``function_call`` an object like ``function``; ``tools`` an array of objects whose ``type`` is a
+string and whose ``function`` (``custom``) is an object with a string ``name``. Null stands for
+absent everywhere; unknown fields, roles and part types are not checked.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ compaction evicted, are put back right after that first user turn, as the client
 ``cache_control`` marker evicted with the turns it stood on moves to the last added block when
 the request has fewer than the provider's four, so the new prefix caches.
 
-Checked at the edge (the rules in :mod:`proxy.formats.body` and the README's Errors section;
+Checked at the edge (the rules in :mod:`proxy.formats.body` and docs/errors.md#malformed-bodies;
 refusals worded as Anthropic's API words them, in its envelope), as the API reference
 documents the fields (https://docs.anthropic.com/en/api/messages): ``messages`` an array of
 objects, each with a string ``role`` and a ``content`` that is a string or an array of block

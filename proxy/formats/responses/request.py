@@ -25,7 +25,7 @@ read rounds put back (``model.WIRE``) as the items they were sent as. An
 ``additional_tools`` item that compaction would evict is kept right after the summary: the
 tools it makes available must stay available.
 
-Checked at the edge (the rules in :mod:`proxy.formats.body` and the README's Errors section),
+Checked at the edge (the rules in :mod:`proxy.formats.body` and docs/errors.md#malformed-bodies),
 as the API reference documents the fields (https://platform.openai.com/docs/api-reference/
 responses/create): ``input`` a string or an array of objects, each item's ``type`` a string
 (an item without one is a message); a ``message`` item's ``role`` a string and its
